@@ -1,0 +1,67 @@
+"""Parallelism: one process on one device.
+
+Every strategy's `parallel.py` (single, DDP, FSDP2, ZeRO) exports these same functions, so
+`train.py` never names a strategy. Here wrapping, gradient sync and reductions do nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+STRATEGY = "single"
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where this process runs: its device, rank and the world size (number of processes)."""
+
+    device: torch.device
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        """True on the process that logs, prints and writes checkpoints (rank 0)."""
+        return self.rank == 0
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` -> cuda if available, else cpu; any other name is passed to `torch.device`."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def init_runtime(device: str) -> Runtime:
+    """Pick the device (see `resolve_device`) for this single process."""
+    resolved = resolve_device(device)
+    if resolved.type == "cuda":
+        torch.cuda.set_device(resolved)
+    return Runtime(resolved)
+
+
+def wrap_model(model: nn.Module, runtime: Runtime) -> nn.Module:
+    """Return the module the loop trains; the bare `model` on a single device."""
+    return model
+
+
+def gradient_sync(model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
+    """Context for one micro-step's forward + backward; gradient all-reduce only when `enabled`."""
+    return contextlib.nullcontext()
+
+
+def all_reduce_sum(tensor: Tensor, runtime: Runtime) -> Tensor:
+    """Sum `tensor` over all processes; the identity with one process."""
+    return tensor
+
+
+def barrier(runtime: Runtime) -> None:
+    """Wait for every process; nothing to wait for with one."""
+
+
+def shutdown_runtime(runtime: Runtime) -> None:
+    """Release the process group; a single process holds none."""

@@ -1,0 +1,1 @@
+"""cuda-single-fp16: image classification training project rendered by scaffold."""

@@ -1,0 +1,269 @@
+"""Every answer of the questionnaire: allowed values, validation, and conversion to copier data.
+
+Answer sources are merged once, in priority order (`merge_sources`): `--data` pairs, then a
+named variant, then interactive answers, then defaults from the hardware probe, then the static
+defaults below. `Answers` is the validated, frozen result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import keyword
+import re
+import sys
+from collections import ChainMap
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from scaffold.errors import AnswerError, NotAvailableYet
+
+
+@dataclass(frozen=True)
+class Question:
+    """One answer key: its prompt, type, allowed values and which of them render today."""
+
+    key: str
+    prompt: str
+    kind: type  # str, int, float or bool
+    default: Any
+    choices: tuple[str, ...] = ()
+    renderable: tuple[str, ...] = ()  # subset of choices the template renders now
+    only_for_cuda: bool = False
+
+
+QUESTIONS: tuple[Question, ...] = (
+    Question("project_name", "Project name", str, None),
+    Question(
+        "task",
+        "Example task",
+        str,
+        "image-classification",
+        ("image-classification", "language-model"),
+        ("image-classification",),
+    ),
+    Question("hardware", "Hardware", str, "cpu", ("cpu", "cuda", "mps"), ("cpu", "cuda")),
+    Question(
+        "gpu_arch",
+        "GPU architecture",
+        str,
+        "none",
+        ("hopper", "ampere", "volta-turing", "none"),
+        ("hopper", "ampere", "volta-turing", "none"),
+        only_for_cuda=True,
+    ),
+    Question("gpus_per_node", "GPUs per node", int, 1, only_for_cuda=True),
+    Question("num_nodes", "Number of nodes", int, 1, only_for_cuda=True),
+    Question("gpu_memory_gb", "Memory per GPU (GB)", float, 0.0, only_for_cuda=True),
+    Question("model_size", "Model size in parameters (e.g. 100K, 10M)", str, "100K"),
+    Question(
+        "framework",
+        "Training framework",
+        str,
+        "pytorch",
+        ("pytorch", "fabric", "accelerate"),
+        ("pytorch",),
+    ),
+    Question(
+        "strategy",
+        "Parallelism strategy",
+        str,
+        "auto",
+        ("auto", "single", "ddp", "fsdp2", "zero1", "zero2", "zero3", "zero3-offload"),
+        ("auto", "single"),
+    ),
+    Question(
+        "precision",
+        "Precision",
+        str,
+        "auto",
+        ("auto", "fp32", "bf16", "fp16"),
+        ("auto", "fp32", "bf16", "fp16"),
+    ),
+    Question("compile", "torch.compile the model", bool, False),
+)
+QUESTION_BY_KEY = {question.key: question for question in QUESTIONS}
+
+# Names that would shadow a module the project imports, or the standard library.
+RESERVED_PACKAGE_NAMES = frozenset(sys.stdlib_module_names) | {
+    "torch",
+    "numpy",
+    "sklearn",
+    "tqdm",
+    "pytest",
+    "tests",
+    "test",
+    "src",
+}
+PROJECT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9._-]*")
+KIND_NAMES = {str: "text", int: "a whole number", float: "a number", bool: "true or false"}
+MODEL_SIZE = re.compile(r"(\d+(?:\.\d+)?)([KMB]?)")
+
+
+@dataclass(frozen=True)
+class Answers:
+    """The validated answers; `precision` and `strategy` may still be `auto` until planned."""
+
+    project_name: str
+    package_name: str
+    task: str
+    hardware: str
+    gpu_arch: str
+    gpus_per_node: int
+    num_nodes: int
+    gpu_memory_gb: float
+    model_size: str
+    framework: str
+    strategy: str
+    precision: str
+    compile: bool
+
+    @property
+    def world_size(self) -> int:
+        """Processes in a run: GPUs per node x nodes (1 on CPU)."""
+        return self.gpus_per_node * self.num_nodes
+
+    @property
+    def model_params(self) -> int:
+        """`model_size` as a parameter count."""
+        return parse_model_size(self.model_size)
+
+    def to_copier_data(self) -> dict[str, Any]:
+        """The template's data: every answer, as plain values."""
+        return dataclasses.asdict(self)
+
+
+def package_name_for(project_name: str) -> str:
+    """The import name of a project: lower case, `-` and `.` runs replaced by `_`.
+
+    Raises:
+        AnswerError: the name has a path separator or `..`, does not start with a letter, or
+            does not become a Python identifier that is free to use.
+    """
+    if "/" in project_name or "\\" in project_name or ".." in project_name:
+        raise AnswerError(
+            f"project name {project_name!r} holds a path separator or '..'; "
+            "answer a plain name such as my-project"
+        )
+    package = re.sub(r"[-.]+", "_", project_name).lower()
+    if not PROJECT_NAME.fullmatch(project_name) or not package.isidentifier():
+        raise AnswerError(
+            f"project name {project_name!r} does not normalise to a Python identifier; "
+            "use letters, digits, '-', '_' or '.', starting with a letter"
+        )
+    if keyword.iskeyword(package) or package in RESERVED_PACKAGE_NAMES:
+        raise AnswerError(
+            f"project name {project_name!r} would make package {package!r}, which shadows a "
+            "module the project imports; choose another name"
+        )
+    return package
+
+
+def parse_model_size(text: str) -> int:
+    """'100K' -> 100_000, '1.5M' -> 1_500_000, '7B' -> 7_000_000_000.
+
+    Raises:
+        AnswerError: not a number with an optional K, M or B suffix, or zero.
+    """
+    match = MODEL_SIZE.fullmatch(text.strip().upper())
+    if match is None or float(match.group(1)) == 0:
+        raise AnswerError(f"model_size {text!r} is not a parameter count; answer e.g. 100K or 10M")
+    scale = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9}[match.group(2)]
+    return int(float(match.group(1)) * scale)
+
+
+def parse_data_pairs(pairs: list[str]) -> dict[str, str]:
+    """`["KEY=VALUE", ...]` from `--data` -> `{KEY: VALUE}` (values still text).
+
+    Raises:
+        AnswerError: a pair without `=`, or a key that is not a question.
+    """
+    parsed = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise AnswerError(f"--data {pair!r} is not KEY=VALUE; e.g. --data precision=bf16")
+        parsed[check_key(key.strip())] = value.strip()
+    return parsed
+
+
+def check_key(key: str) -> str:
+    """Return `key` if it names a question.
+
+    Raises:
+        AnswerError: unknown key; the message lists the known ones.
+    """
+    if key not in QUESTION_BY_KEY:
+        raise AnswerError(f"unknown answer key {key!r}; known keys: {', '.join(QUESTION_BY_KEY)}")
+    return key
+
+
+def coerce(question: Question, value: Any) -> Any:
+    """Convert a text or typed value to the question's type and check it against the choices.
+
+    Raises:
+        AnswerError: wrong type, a value outside the choices, or a count below 1.
+        NotAvailableYet: a known value that this template version cannot render yet.
+    """
+    key = question.key
+    try:
+        if question.kind is bool:
+            typed = _to_bool(value)
+        elif question.kind is int and isinstance(value, float):
+            raise ValueError
+        else:
+            typed = question.kind(value)
+    except (TypeError, ValueError):
+        raise AnswerError(
+            f"{key}={value!r} is not {KIND_NAMES[question.kind]}; "
+            f"answer e.g. {key}={question.default}"
+        ) from None
+    if question.choices and typed not in question.choices:
+        raise AnswerError(
+            f"{key}={typed!r} is not known; answer one of: {', '.join(question.choices)}"
+        )
+    if question.renderable and typed not in question.renderable:
+        raise NotAvailableYet(
+            f"{key}={typed} is not available yet in this version of scaffold; "
+            f"answer one of: {', '.join(question.renderable)}"
+        )
+    if question.kind is int and typed < 1:
+        raise AnswerError(f"{key}={typed} must be at least 1")
+    if question.kind is float and typed < 0:
+        raise AnswerError(f"{key}={typed} must not be negative")
+    return typed
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in {"true", "yes", "y", "1", "on"}:
+        return True
+    if text in {"false", "no", "n", "0", "off"}:
+        return False
+    raise ValueError(value)
+
+
+def merge_sources(*sources: Mapping[str, Any]) -> ChainMap:
+    """Answer sources in priority order, first wins (e.g. `--data`, variant, prompts, probe)."""
+    static = {q.key: q.default for q in QUESTIONS if q.default is not None}
+    return ChainMap(*sources, static)
+
+
+def build_answers(values: Mapping[str, Any]) -> Answers:
+    """Validate merged answer values into `Answers`.
+
+    Raises:
+        AnswerError: an unknown key, a missing project name, or any invalid value.
+    """
+    for key in values:
+        check_key(key)
+    if not values.get("project_name"):
+        raise AnswerError("project name is missing; pass --data project_name=NAME")
+    typed = {q.key: coerce(q, values[q.key]) for q in QUESTIONS}
+    typed["package_name"] = package_name_for(typed["project_name"])
+    parse_model_size(typed["model_size"])
+    if typed["hardware"] != "cuda":  # GPU answers mean nothing without a GPU
+        typed.update(gpu_arch="none", gpus_per_node=1, num_nodes=1, gpu_memory_gb=0.0)
+    return Answers(**typed)

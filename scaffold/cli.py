@@ -1,0 +1,139 @@
+"""The command line: `scaffold new`, `scaffold variants`, `scaffold samples`. Thin: it parses,
+calls, prints, and turns every ScaffoldError into one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+from scaffold import __version__
+from scaffold.answers import Answers, build_answers, merge_sources, parse_data_pairs
+from scaffold.errors import AnswerError, ScaffoldError
+from scaffold.variants import VARIANTS
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="scaffold",
+        description="Render a runnable, tested PyTorch training project.",
+    )
+    parser.add_argument("--version", action="version", version=f"scaffold {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    new = commands.add_parser("new", help="render a new training project into DEST")
+    new.add_argument(
+        "dest",
+        metavar="DEST",
+        type=Path,
+        help="folder to create (its name is the default project name)",
+    )
+    new.add_argument("--defaults", action="store_true", help="take every default; ask nothing")
+    new.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="answer one question (repeatable)",
+    )
+    new.add_argument(
+        "--variant",
+        choices=sorted(VARIANTS),
+        help="start from a named variant's answers",
+    )
+    new.add_argument("--force", action="store_true", help="allow a non-empty DEST")
+
+    commands.add_parser("variants", help="list the named variants, one per line")
+
+    samples = commands.add_parser("samples", help="re-render generated_samples/ (or check it)")
+    samples.add_argument("--dir", type=Path, default=Path("generated_samples"))
+    samples.add_argument(
+        "--check", action="store_true", help="only list stale files; exit 1 if any"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the process exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # copier's dirty-template warnings are not the user's
+            return COMMANDS[args.command](args)
+    except ScaffoldError as error:
+        print(f"scaffold: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("scaffold: cancelled; nothing was written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def cmd_new(args: argparse.Namespace) -> int:
+    """`scaffold new`: collect answers (flags, variant, prompts, probe), plan, render."""
+    from scaffold.hardware import probe
+    from scaffold.planner import plan
+    from scaffold.render import check_destination, render_project
+
+    check_destination(args.dest, args.force)
+    data = parse_data_pairs(args.data)
+    variant = VARIANTS[args.variant] if args.variant else {}
+    preset = merge_sources(data, variant, {"project_name": args.dest.name})
+    interactive = not args.defaults and not args.variant
+    if interactive and not sys.stdin.isatty():
+        raise AnswerError("no terminal to ask questions on; pass --defaults (and --data KEY=VALUE)")
+    detected = probe().answer_defaults()
+    prompted: dict = {}
+    if interactive:
+        from scaffold.questionnaire import ask
+
+        prompted = ask({**variant, **data}, merge_sources(preset, detected))
+    answers = build_answers(merge_sources(data, variant, prompted, preset, detected))
+    result = plan(answers)
+    render_project(result.answers, args.dest, force=args.force)
+    _print_next_steps(result.answers, args.dest, result.reasons, result.warnings)
+    return 0
+
+
+def _print_next_steps(
+    answers: Answers, dest: Path, reasons: tuple[str, ...], cautions: tuple[str, ...]
+) -> None:
+    for line in reasons:
+        print(f"  {line}")
+    for line in cautions:
+        print(f"  warning: {line}", file=sys.stderr)
+    print(f"Rendered {answers.project_name} into {dest}. Next:")
+    print(f"  cd {dest} && python -m venv .venv && . .venv/bin/activate")
+    print("  pip install -e '.[dev]' && pytest")
+    print(f"  python -m {answers.package_name}.train")
+
+
+def cmd_variants(args: argparse.Namespace) -> int:
+    """`scaffold variants`: one variant per line, the name first."""
+    for name, answers in VARIANTS.items():
+        summary = " ".join(
+            f"{key}={answers[key]}" for key in ("task", "hardware", "strategy", "precision")
+        )
+        print(f"{name}  {summary}")
+    return 0
+
+
+def cmd_samples(args: argparse.Namespace) -> int:
+    """`scaffold samples`: re-render generated_samples/, or with --check list stale files."""
+    from scaffold.samples import stale_sample_files, write_samples
+
+    if args.check:
+        stale = stale_sample_files(args.dir)
+        for path in stale:
+            print(f"stale: {args.dir / path}")
+        return 1 if stale else 0
+    for name in write_samples(args.dir):
+        print(f"wrote {args.dir / name}")
+    return 0
+
+
+COMMANDS = {"new": cmd_new, "variants": cmd_variants, "samples": cmd_samples}

@@ -1,0 +1,227 @@
+"""The only module that runs copier, ruff or git: template cache, render, format, first commit.
+
+copier updates a project only from a template that sits at the root of a git repository with the
+old version reachable by tag. The installed package has no git history, so the bundled template
+is committed into a cache repository (`~/.cache/scaffold/template-repo`): one parentless commit
+per scaffold version, tagged `v<version>`, never moved (DESIGN.md §4).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+from scaffold import __version__
+from scaffold.answers import Answers
+from scaffold.errors import DestinationError, RenderError
+
+CACHE_ENV = "SCAFFOLD_CACHE_DIR"
+DEFAULT_CACHE = "~/.cache/scaffold"
+# A fixed identity for the cache repository's commits: they are scaffold's, not the user's.
+CACHE_GIT_IDENTITY = {
+    "GIT_AUTHOR_NAME": "scaffold",
+    "GIT_AUTHOR_EMAIL": "scaffold@localhost",
+    "GIT_COMMITTER_NAME": "scaffold",
+    "GIT_COMMITTER_EMAIL": "scaffold@localhost",
+}
+
+
+def bundled_template() -> Path:
+    """The template shipped with this scaffold: `scaffold/templates` in a wheel, else the repo's."""
+    for candidate in (
+        Path(__file__).parent / "templates",
+        Path(__file__).parent.parent / "templates",
+    ):
+        if (candidate / "copier.yml").is_file():
+            return candidate
+    raise RenderError("the scaffold template is missing from this installation; reinstall scaffold")
+
+
+def template_repo_source() -> tuple[Path, str]:
+    """(path of the cache repository, the `src_path` copier records for it).
+
+    The recorded path keeps a literal `~` so the answers file is the same on every machine.
+    """
+    configured = os.environ.get(CACHE_ENV)
+    base = configured if configured else DEFAULT_CACHE
+    source = f"{base.rstrip('/')}/template-repo"
+    return Path(source).expanduser(), source
+
+
+def _git(*args: str, cwd: Path, env: dict[str, str] | None = None) -> str:
+    """Run git with a neutral configuration (no user excludes or hooks) and return stdout."""
+    command = [
+        "git",
+        "-c",
+        "core.excludesFile=",
+        "-c",
+        "core.hooksPath=/dev/null",
+        *args,
+    ]
+    result = subprocess.run(
+        command,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        message = result.stderr.strip().splitlines()[-1:] or ["(no message)"]
+        raise RenderError(f"git {args[0]} failed in {cwd}: {message[0]}")
+    return result.stdout.strip()
+
+
+def ensure_template_repo(version: str = __version__) -> tuple[str, str]:
+    """Commit the bundled template into the cache repository; return (src_path, tag) for copier.
+
+    A version already tagged with the same files is reused. If a development build changed the
+    template without a version bump, the tag stays where it is (projects rendered from it need
+    it to update) and the new files get the tag `v<version>+dev.<tree hash>`.
+    """
+    if shutil.which("git") is None:
+        raise RenderError("git is not installed; install git, which copier needs to render")
+    repo, source = template_repo_source()
+    if not (repo / ".git").is_dir():
+        repo.mkdir(parents=True, exist_ok=True)
+        _git("init", "--quiet", cwd=repo)
+    tree = _tree_of(bundled_template(), repo)
+    tag = f"v{version}"
+    tagged_tree = _tagged_tree(repo, tag)
+    if tagged_tree is not None and tagged_tree != tree:
+        tag = f"v{version}+dev.{tree[:12]}"
+        tagged_tree = _tagged_tree(repo, tag)
+        warnings.warn(
+            f"the template changed without a version bump; rendering it as {tag}",
+            stacklevel=2,
+        )
+    if tagged_tree is None:
+        commit = _git(
+            "commit-tree",
+            tree,
+            "-m",
+            f"scaffold template {tag}",
+            cwd=repo,
+            env=CACHE_GIT_IDENTITY,
+        )
+        _git("tag", tag, commit, cwd=repo)
+    return source, tag
+
+
+def _tree_of(template: Path, repo: Path) -> str:
+    """Hash the template's files into the cache repository's object store; return the tree id."""
+    with tempfile.TemporaryDirectory() as scratch:
+        env = {
+            "GIT_INDEX_FILE": str(Path(scratch) / "index"),
+            "GIT_WORK_TREE": str(template),
+        }
+        _git(
+            "add",
+            "--all",
+            ".",
+            cwd=template,
+            env={**env, "GIT_DIR": str(repo / ".git")},
+        )
+        return _git("write-tree", cwd=template, env={**env, "GIT_DIR": str(repo / ".git")})
+
+
+def _tagged_tree(repo: Path, tag: str) -> str | None:
+    try:
+        return _git("rev-parse", "--verify", "--quiet", f"refs/tags/{tag}^{{tree}}", cwd=repo)
+    except RenderError:
+        return None
+
+
+def check_destination(dest: Path, force: bool) -> None:
+    """Refuse a destination that is a file, or a non-empty folder unless `force`.
+
+    Raises:
+        DestinationError: with the way out in the message.
+    """
+    if dest.exists() and not dest.is_dir():
+        raise DestinationError(f"destination {dest} is a file; choose a new folder")
+    if dest.is_dir() and any(dest.iterdir()) and not force:
+        raise DestinationError(
+            f"destination {dest} is not empty; choose a new folder or pass --force to write into it"
+        )
+
+
+def render_project(
+    answers: Answers, dest: Path, *, force: bool = False, init_git: bool = True
+) -> None:
+    """Render the template for `answers` into `dest`, format it with ruff, make the first commit.
+
+    On failure a destination this call created is removed again, so nothing is left behind.
+
+    Raises:
+        DestinationError: see `check_destination`.
+        RenderError: copier, ruff or git failed.
+    """
+    import copier  # deferred: importing copier takes ~0.5 s that `--help` should not pay
+    from copier.errors import CopierError
+
+    check_destination(dest, force)
+    created = not dest.exists()
+    src_path, tag = ensure_template_repo()
+    try:
+        copier.run_copy(
+            src_path,
+            dest,
+            data=answers.to_copier_data(),
+            vcs_ref=tag,
+            defaults=True,
+            overwrite=force,
+            quiet=True,
+        )
+        format_with_ruff(dest)
+        if init_git:
+            initial_commit(dest, tag)
+    except BaseException as error:
+        if created:
+            shutil.rmtree(dest, ignore_errors=True)
+        if isinstance(error, CopierError):
+            raise RenderError(f"copier failed: {error}") from error
+        raise
+
+
+def format_with_ruff(dest: Path) -> None:
+    """`ruff format` the rendered project (its own pyproject.toml configures ruff)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--no-cache", "--quiet", "."],
+        cwd=dest,
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        raise RenderError(f"ruff format failed in {dest}: {result.stderr.strip()}")
+
+
+def initial_commit(dest: Path, tag: str) -> None:
+    """`git init` and commit the rendered project (scaffold update needs a clean history).
+
+    Skipped when git is missing. Uses the user's git identity, or scaffold's if none is set.
+    """
+    if shutil.which("git") is None:
+        return
+    _git("init", "--quiet", cwd=dest)
+    _git("add", "--all", cwd=dest)
+    identity = {} if _has_git_identity(dest) else CACHE_GIT_IDENTITY
+    _git(
+        "commit",
+        "--quiet",
+        "-m",
+        f"Render project with scaffold {tag}",
+        cwd=dest,
+        env=identity,
+    )
+
+
+def _has_git_identity(repo: Path) -> bool:
+    try:
+        return bool(_git("config", "user.email", cwd=repo))
+    except RenderError:
+        return False

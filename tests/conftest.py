@@ -1,0 +1,56 @@
+"""Fixtures: every test gets an empty HOME (so a fresh template cache) and its own git identity."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """A fresh HOME and global git config per test; the user's own are never read or written."""
+    home = tmp_path_factory.mktemp("home")
+    gitconfig = home / ".gitconfig"
+    gitconfig.write_text("[user]\n\tname = Test User\n\temail = test@example.invalid\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(gitconfig))
+    monkeypatch.delenv("SCAFFOLD_CACHE_DIR", raising=False)
+    return home
+
+
+def run_scaffold(*args: str, cwd: Path, stdin: str | None = "") -> subprocess.CompletedProcess:
+    """`python -m scaffold ARGS` in a child process (no terminal on stdin unless given one)."""
+    return subprocess.run(
+        [sys.executable, "-m", "scaffold", *args],
+        cwd=cwd,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+
+
+def run_in_project(project: Path, *command: str) -> subprocess.CompletedProcess:
+    """Run `python COMMAND...` inside a rendered project with its `src/` importable."""
+    env = {**os.environ, "PYTHONPATH": str(project / "src")}
+    return subprocess.run(
+        [sys.executable, *command], cwd=project, env=env, capture_output=True, text=True
+    )
+
+
+def ruff(project: Path, *args: str) -> subprocess.CompletedProcess:
+    """`ruff ARGS` inside `project` (its own pyproject.toml configures it)."""
+    return subprocess.run(
+        [sys.executable, "-m", "ruff", *args, "--no-cache", "."],
+        cwd=project,
+        capture_output=True,
+        text=True,
+    )

@@ -1,0 +1,34 @@
+"""The variant matrix: render every variant, lint it, and run its own test suite on CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import ruff, run_in_project
+
+from scaffold.samples import render_variant
+from scaffold.variants import VARIANTS
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_variant_renders_lints_and_passes_its_own_tests(tmp_path, variant):
+    project = tmp_path / variant
+    render_variant(variant, project, init_git=True)
+    assert ruff(project, "check").returncode == 0
+    assert ruff(project, "format", "--check").returncode == 0
+    result = run_in_project(project, "-m", "pytest", "-q", "-p", "no:cacheprovider")
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and "failed" not in result.stdout
+
+
+@pytest.mark.slow
+def test_default_project_reaches_95_percent_on_digits(tmp_path):
+    project = tmp_path / "demo"
+    render_variant("cpu-single-fp32", project)
+    result = run_in_project(project, "-m", "demo.train")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((project / "runs" / "digits" / "summary.json").read_text())
+    assert summary["val_accuracy"] >= 0.95, summary["val_accuracy"]
+    assert "**Results:**" in result.stdout

@@ -1,0 +1,84 @@
+"""Rendering: the template cache, raw copier output already ruff-clean, no Jinja left behind."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import warnings
+from pathlib import Path
+
+import copier
+import pytest
+from conftest import ruff
+
+from scaffold.render import ensure_template_repo, template_repo_source
+from scaffold.variants import VARIANTS
+
+TEMPLATE = Path(__file__).resolve().parents[1] / "templates"
+
+
+def render_raw(variant: str, dest: Path) -> None:
+    """copier alone (no ruff format, no git): what `scaffold update` will re-render and merge."""
+    src, tag = ensure_template_repo()
+    data = {
+        **VARIANTS[variant],
+        "project_name": dest.name,
+        "package_name": dest.name.replace("-", "_"),
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        copier.run_copy(src, dest, data=data, vcs_ref=tag, defaults=True, quiet=True)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_raw_render_is_lint_and_format_clean_with_no_jinja_left(tmp_path, variant):
+    project = tmp_path / "proj"
+    render_raw(variant, project)
+    assert ruff(project, "check").returncode == 0, ruff(project, "check").stdout
+    formatted = ruff(project, "format", "--check")
+    assert formatted.returncode == 0, f"format would change files: {formatted.stdout}"
+    for path in project.rglob("*"):
+        if path.is_file():
+            text = path.read_text()
+            assert "{{" not in text and "{%" not in text, path
+
+
+def test_precision_variant_files_differ_only_where_they_should(tmp_path):
+    for variant in ("cpu-single-fp32", "cuda-single-fp16"):
+        render_raw(variant, tmp_path / variant.replace("-", "_"))
+    fp32 = (tmp_path / "cpu_single_fp32" / "src" / "cpu_single_fp32" / "precision.py").read_text()
+    fp16 = (tmp_path / "cuda_single_fp16" / "src" / "cuda_single_fp16" / "precision.py").read_text()
+    assert "GradScaler" not in fp32 and "autocast(device_type" not in fp32
+    assert (
+        fp16.index("unscale_(optimizer)")
+        < fp16.index("clip_grad_norm_")
+        < fp16.index("scaler.step(optimizer)")
+    )
+
+
+def tags(repo: Path) -> list[str]:
+    return subprocess.run(["git", "tag"], cwd=repo, capture_output=True, text=True).stdout.split()
+
+
+def test_template_cache_tags_once_and_never_moves_a_tag(tmp_path, monkeypatch):
+    repo, source = template_repo_source()
+    assert source == "~/.cache/scaffold/template-repo"
+    assert ensure_template_repo() == (source, "v0.1.0")
+    assert ensure_template_repo() == (source, "v0.1.0")
+    assert tags(repo) == ["v0.1.0"]
+    first_commit = subprocess.run(
+        ["git", "rev-parse", "v0.1.0"], cwd=repo, capture_output=True, text=True
+    ).stdout
+    changed = tmp_path / "templates"
+    shutil.copytree(TEMPLATE, changed)
+    (changed / "project" / "configs" / "train.toml.jinja").write_text("seed = 1\n")
+    monkeypatch.setattr("scaffold.render.bundled_template", lambda: changed)
+    with pytest.warns(UserWarning, match="without a version bump"):
+        _, dev_tag = ensure_template_repo()
+    assert dev_tag.startswith("v0.1.0+dev.")
+    assert (
+        subprocess.run(
+            ["git", "rev-parse", "v0.1.0"], cwd=repo, capture_output=True, text=True
+        ).stdout
+        == first_commit
+    )
