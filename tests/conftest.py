@@ -40,7 +40,8 @@ def run_scaffold(*args: str, cwd: Path, stdin: str | None = "") -> subprocess.Co
 
 def run_in_project(project: Path, *command: str) -> subprocess.CompletedProcess:
     """Run `python COMMAND...` inside a rendered project with its `src/` importable."""
-    env = {**os.environ, "PYTHONPATH": str(project / "src")}
+    # One torch thread per process: pytest-xdist already runs one variant per core.
+    env = {**os.environ, "PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1"}
     return subprocess.run(
         [sys.executable, *command], cwd=project, env=env, capture_output=True, text=True
     )

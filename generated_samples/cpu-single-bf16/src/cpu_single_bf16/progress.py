@@ -29,6 +29,7 @@ class TrainState:
     best_step: int = -1
     best_epoch: int = -1
     epochs_without_improvement: int = 0
+    initial_loss: float = math.nan  # loss of step 1, for the sanity line of the summary
     history: list[dict[str, float]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:

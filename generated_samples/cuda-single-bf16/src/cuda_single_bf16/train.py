@@ -17,7 +17,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,14 @@ from tqdm import tqdm
 
 from .checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
 from .config import Config, load_config
-from .data import NUM_CLASSES, build_datasets, epoch_iterator, make_eval_loader, make_train_loader
+from .data import (
+    NUM_CLASSES,
+    TimedIterator,
+    build_datasets,
+    epoch_iterator,
+    make_eval_loader,
+    make_train_loader,
+)
 from .model import build_model, eval_sums, loss_fn
 from .optim import build_optimizer, build_scheduler
 from .parallel import (
@@ -43,7 +50,7 @@ from .parallel import (
 )
 from .precision import PrecisionPolicy
 from .progress import TrainState
-from .report import MetricsLog, git_commit, peak_memory_bytes, write_summary
+from .report import MetricsLog, build_summary, write_summary
 
 
 def seed_everything(seed: int) -> None:
@@ -101,24 +108,6 @@ def evaluate(
     return {"val_loss": loss_sum / count, "val_accuracy": correct / count}
 
 
-class TimedIterator:
-    """Wraps an iterator and adds the seconds spent waiting in `next()` to `self.seconds`."""
-
-    def __init__(self, iterator: Iterator):
-        self.iterator = iterator
-        self.seconds = 0.0
-
-    def __iter__(self) -> TimedIterator:
-        return self
-
-    def __next__(self) -> Any:
-        start = time.perf_counter()
-        try:
-            return next(self.iterator)
-        finally:
-            self.seconds += time.perf_counter() - start
-
-
 class Trainer:
     """Builds every component from a Config, then runs epochs, validation and checkpoints."""
 
@@ -146,7 +135,6 @@ class Trainer:
         self.resumed_from: str | None = None
         self.pending_rng: dict[str, Any] | None = None
         self.stats = {"samples": 0, "train_seconds": 0.0, "data_seconds": 0.0}
-        self.initial_loss = math.nan
 
     def resume(self) -> None:
         """Load the latest valid checkpoint, if any: model first, then optimizer and the rest."""
@@ -252,7 +240,7 @@ class Trainer:
         """Sync the step's loss to the host (the only `.item()` of the loop) and log it."""
         loss_value = loss.item()
         if self.state.step == 1:
-            self.initial_loss = loss_value
+            self.state.initial_loss = loss_value
         lr = self.scheduler.get_last_lr()[0]
         self.log.write(
             "train", step=self.state.step, loss=loss_value, lr=lr, grad_norm=grad_norm.item()
@@ -260,38 +248,20 @@ class Trainer:
         bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}")
 
     def summary(self, early_stopped: bool) -> dict[str, Any]:
-        """The run summary of the output contract, written as summary.json and summary.md."""
-        config, state, stats = self.config, self.state, self.stats
-        last = (
-            state.history[-1] if state.history else {"val_loss": math.nan, "val_accuracy": math.nan}
+        """The run summary of the output contract; the main process prints and writes it."""
+        summary = build_summary(
+            config=self.config,
+            state=self.state,
+            stats=self.stats,
+            device=self.runtime.device,
+            world_size=self.runtime.world_size,
+            strategy=STRATEGY,
+            precision=self.precision.name,
+            checkpoint_dir=self.checkpoints.directory,
+            early_stopped=early_stopped,
+            expected_initial_loss=math.log(NUM_CLASSES),
+            resumed_from=self.resumed_from,
         )
-        best_path = self.checkpoints.directory / "best.pt"
-        summary = {
-            "run_dir": str(self.run_dir),
-            "git_commit": git_commit(),
-            "torch_version": torch.__version__,
-            "device": str(self.runtime.device),
-            "strategy": STRATEGY,
-            "precision": self.precision.name,
-            "world_size": self.runtime.world_size,
-            "global_batch_size": config.global_batch_size * self.runtime.world_size,
-            "seed": config.seed,
-            "steps": state.step,
-            "epochs_completed": state.epoch,
-            "early_stopped": early_stopped,
-            "initial_loss": self.initial_loss,
-            "expected_initial_loss": math.log(NUM_CLASSES),
-            "resumed_from": self.resumed_from,
-            "val_loss": last["val_loss"],
-            "val_accuracy": last["val_accuracy"],
-            "best": {"value": state.best_value, "step": state.best_step, "epoch": state.best_epoch},
-            "checkpoint": str(best_path if best_path.exists() else self.checkpoints.directory),
-            "samples_per_second": stats["samples"] / max(stats["train_seconds"], 1e-9),
-            "data_time_share": stats["data_seconds"] / max(stats["train_seconds"], 1e-9),
-            "train_seconds": stats["train_seconds"],
-            "peak_memory_bytes": peak_memory_bytes(self.runtime.device),
-            "config": config.to_dict(),
-        }
         if self.runtime.is_main:
             print(write_summary(self.run_dir, summary), end="")
         return summary

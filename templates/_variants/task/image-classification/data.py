@@ -7,7 +7,9 @@ any map-style dataset whose `dataset[list_of_indices]` returns a whole batch).
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -138,3 +140,21 @@ def epoch_iterator(loader: DataLoader, generator_state: Tensor, skip: int) -> It
     for _ in range(skip):
         next(iterator)
     return iterator
+
+
+class TimedIterator:
+    """Wraps an iterator and adds the seconds spent waiting in `next()` to `self.seconds`."""
+
+    def __init__(self, iterator: Iterator):
+        self.iterator = iterator
+        self.seconds = 0.0
+
+    def __iter__(self) -> TimedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        start = time.perf_counter()
+        try:
+            return next(self.iterator)
+        finally:
+            self.seconds += time.perf_counter() - start

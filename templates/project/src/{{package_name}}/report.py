@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import resource
 import subprocess
 import sys
@@ -10,6 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from .config import Config
+from .progress import TrainState
 
 
 class MetricsLog:
@@ -43,6 +47,56 @@ def git_commit() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return result.stdout.strip()
+
+
+def build_summary(
+    *,
+    config: Config,
+    state: TrainState,
+    stats: dict[str, float],
+    device: torch.device,
+    world_size: int,
+    strategy: str,
+    precision: str,
+    checkpoint_dir: Path,
+    early_stopped: bool,
+    expected_initial_loss: float,
+    resumed_from: str | None,
+) -> dict[str, Any]:
+    """The run summary (seeds' output contract) as plain values, for summary.json.
+
+    `stats` holds `samples` (all processes), `train_seconds` (training only, no validation) and
+    `data_seconds` (waiting on the loader); rates are per second of training time.
+    """
+    last = state.history[-1] if state.history else {"val_loss": math.nan, "val_accuracy": math.nan}
+    best_path = checkpoint_dir / "best.pt"
+    train_seconds = max(stats["train_seconds"], 1e-9)
+    return {
+        "run_dir": config.run_dir,
+        "git_commit": git_commit(),
+        "torch_version": torch.__version__,
+        "device": str(device),
+        "strategy": strategy,
+        "precision": precision,
+        "world_size": world_size,
+        "global_batch_size": config.global_batch_size * world_size,
+        "seed": config.seed,
+        "steps": state.step,
+        "epochs_completed": state.epoch,
+        "early_stopped": early_stopped,
+        "initial_loss": state.initial_loss,
+        "expected_initial_loss": expected_initial_loss,
+        "resumed_from": resumed_from,
+        "val_loss": last["val_loss"],
+        "val_accuracy": last["val_accuracy"],
+        "best": {"value": state.best_value, "step": state.best_step, "epoch": state.best_epoch},
+        "checkpoint": str(best_path if best_path.exists() else checkpoint_dir),
+        "samples_per_second": stats["samples"] / train_seconds,
+        "data_time_share": stats["data_seconds"] / train_seconds,
+        "train_seconds": stats["train_seconds"],
+        "peak_memory_bytes": peak_memory_bytes(device),
+        "config": config.to_dict(),
+    }
 
 
 def format_summary(summary: dict[str, Any]) -> str:

@@ -1,0 +1,17 @@
+# Sourced by scripts/demo.sh and scripts/test.sh: create or reuse .venv with everything installed.
+# torch is installed first and pinned (2.13.0, the CPU build on this project's machines), so
+# nothing later can pull a multi-GB CUDA build. Re-installs when pyproject.toml changes.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${SCAFFOLD_VENV:-$ROOT/.venv}"
+PY="$VENV/bin/python"
+STAMP="$VENV/.scaffold-installed"
+WANT="$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/_venv.sh" | cksum)"
+if [ ! -x "$PY" ] || [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
+    echo "setting up $VENV (first run: a few minutes)" >&2
+    python3 -m venv "$VENV"
+    "$PY" -m pip install --quiet --disable-pip-version-check --upgrade pip
+    "$PY" -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
+    "$PY" -m pip install --quiet --disable-pip-version-check -e "$ROOT[dev]"
+    echo "$WANT" > "$STAMP"
+fi

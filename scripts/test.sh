@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The test suite: scaffold's own tests and, through the matrix, every variant's generated tests.
+# Extra arguments go to pytest, e.g. `scripts/test.sh -m "not slow"` for the quick subset.
+source "$(dirname "$0")/_venv.sh"
+cd "$ROOT"
+"$PY" -m ruff check --no-cache .
+"$PY" -m ruff format --check --no-cache .
+exec "$PY" -m pytest -n 2 --durations=15 "$@"
