@@ -82,7 +82,7 @@ def cmd_new(args: argparse.Namespace) -> int:
     check_destination(args.dest, args.force)
     data = parse_data_pairs(args.data)
     variant = VARIANTS[args.variant] if args.variant else {}
-    preset = merge_sources(data, variant, {"project_name": args.dest.name})
+    preset = merge_sources(data, variant, {"project_name": args.dest.resolve().name})
     interactive = not args.defaults and not args.variant
     if interactive and not sys.stdin.isatty():
         raise AnswerError("no terminal to ask questions on; pass --defaults (and --data KEY=VALUE)")

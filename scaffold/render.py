@@ -155,7 +155,7 @@ def render_project(
 ) -> None:
     """Render the template for `answers` into `dest`, format it with ruff, make the first commit.
 
-    On failure a destination this call created is removed again, so nothing is left behind.
+    On failure everything this call wrote is removed again (the folder too, if it created it).
 
     Raises:
         DestinationError: see `check_destination`.
@@ -165,7 +165,7 @@ def render_project(
     from copier.errors import CopierError
 
     check_destination(dest, force)
-    created = not dest.exists()
+    existing = set(dest.iterdir()) if dest.is_dir() else None
     src_path, tag = ensure_template_repo()
     try:
         copier.run_copy(
@@ -181,11 +181,22 @@ def render_project(
         if init_git:
             initial_commit(dest, tag)
     except BaseException as error:
-        if created:
-            shutil.rmtree(dest, ignore_errors=True)
+        _remove_new_entries(dest, existing)
         if isinstance(error, CopierError):
             raise RenderError(f"copier failed: {error}") from error
         raise
+
+
+def _remove_new_entries(dest: Path, existing: set[Path] | None) -> None:
+    """Undo a failed render: remove `dest` if this call created it, else what it added there."""
+    if existing is None:
+        shutil.rmtree(dest, ignore_errors=True)
+        return
+    for entry in set(dest.iterdir()) - existing if dest.is_dir() else ():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def format_with_ruff(dest: Path) -> None:

@@ -82,3 +82,22 @@ def test_template_cache_tags_once_and_never_moves_a_tag(tmp_path, monkeypatch):
         ).stdout
         == first_commit
     )
+
+
+@pytest.mark.parametrize("dest_exists", [False, True])
+def test_a_failed_render_leaves_nothing_behind(tmp_path, monkeypatch, dest_exists):
+    from scaffold.errors import RenderError
+    from scaffold.samples import render_variant
+
+    dest = tmp_path / "proj"
+    if dest_exists:
+        dest.mkdir()
+
+    def broken_ruff(project):
+        raise RenderError("ruff format failed")
+
+    monkeypatch.setattr("scaffold.render.format_with_ruff", broken_ruff)
+    with pytest.raises(RenderError):
+        render_variant("cpu-single-fp32", dest)
+    assert dest.exists() == dest_exists
+    assert not dest_exists or list(dest.iterdir()) == []

@@ -170,7 +170,8 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.runtime.is_main:
             (self.run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
-        early_stopped = False
+        patience = config.early_stop_patience
+        early_stopped = 0 < patience <= state.epochs_without_improvement  # a resumed, ended run
         self.trained.train()
         while state.epoch < config.epochs and not early_stopped:
             if not self.train_epoch():
@@ -182,7 +183,6 @@ class Trainer:
             state.batch_in_epoch = 0
             state.epoch_generator_state = self.train_loader.generator.get_state()
             self.save_checkpoint(is_best=improved)
-            patience = config.early_stop_patience
             early_stopped = 0 < patience <= state.epochs_without_improvement
             if state.step == config.stop_after_steps:
                 break
