@@ -33,7 +33,7 @@ class Config:
     epochs: int = 30
     micro_batch_size: int = 64
     grad_accum_steps: int = 1
-    lr: float = 3e-3
+    lr: float = 2e-3
     min_lr_ratio: float = 0.05
     warmup_steps: int = 40
     weight_decay: float = 0.05
