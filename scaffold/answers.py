@@ -95,7 +95,7 @@ RESERVED_PACKAGE_NAMES = frozenset(sys.stdlib_module_names) | {
     "test",
     "src",
 }
-PROJECT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9._-]*")
+PROJECT_NAME = re.compile(r"[A-Za-z]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 KIND_NAMES = {str: "text", int: "a whole number", float: "a number", bool: "true or false"}
 MODEL_SIZE = re.compile(r"(\d+(?:\.\d+)?)([KMB]?)")
 
@@ -149,9 +149,12 @@ def package_name_for(project_name: str) -> str:
     if not PROJECT_NAME.fullmatch(project_name) or not package.isidentifier():
         raise AnswerError(
             f"project name {project_name!r} does not normalise to a Python identifier; "
-            "use letters, digits, '-', '_' or '.', starting with a letter"
+            "use letters, digits, '-', '_' or '.', starting with a letter and ending with a "
+            "letter or digit"
         )
-    if keyword.iskeyword(package) or package in RESERVED_PACKAGE_NAMES:
+    if keyword.iskeyword(package):
+        raise AnswerError(f"project name {project_name!r} is a Python keyword; choose another name")
+    if package in RESERVED_PACKAGE_NAMES:
         raise AnswerError(
             f"project name {project_name!r} would make package {package!r}, which shadows a "
             "module the project imports; choose another name"
@@ -260,7 +263,7 @@ def build_answers(values: Mapping[str, Any]) -> Answers:
     for key in values:
         check_key(key)
     if not values.get("project_name"):
-        raise AnswerError("project name is missing; pass --data project_name=NAME")
+        raise AnswerError("project name is empty; pass --data project_name=NAME")
     typed = {q.key: coerce(q, values[q.key]) for q in QUESTIONS}
     typed["package_name"] = package_name_for(typed["project_name"])
     parse_model_size(typed["model_size"])

@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     except ScaffoldError as error:
         print(f"scaffold: error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as error:  # e.g. a name too long for the file system, a read-only folder
+        print(f"scaffold: error: {error.strerror or error}: {error.filename}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("scaffold: cancelled; nothing was written", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -107,6 +110,8 @@ def _print_next_steps(
     for line in cautions:
         print(f"  warning: {line}", file=sys.stderr)
     print(f"Rendered {answers.project_name} into {dest}. Next:")
+    if not (dest / ".git").is_dir():
+        print(f"  (not committed: {dest} was not empty; review the files with git or diff)")
     print(f"  cd {dest} && python -m venv .venv && . .venv/bin/activate")
     print("  pip install -e '.[dev]' && pytest")
     print(f"  python -m {answers.package_name}.train")

@@ -155,6 +155,9 @@ def render_project(
 ) -> None:
     """Render the template for `answers` into `dest`, format it with ruff, make the first commit.
 
+    The commit is made only when `dest` was new or empty: with `force` into a non-empty folder
+    the rendered files are left for the user to review and commit.
+
     On failure everything this call wrote is removed again (the folder too, if it created it).
 
     Raises:
@@ -178,7 +181,7 @@ def render_project(
             quiet=True,
         )
         format_with_ruff(dest)
-        if init_git:
+        if init_git and not existing:  # never commit files the user had in DEST
             initial_commit(dest, tag)
     except BaseException as error:
         _remove_new_entries(dest, existing)

@@ -83,7 +83,9 @@ BAD_INPUTS = {
     "name-starts-with-digit": (["1net", "--defaults"], "Python identifier"),
     "name-with-dots": (["x", "--defaults", "--data", "project_name=a..b"], "'..'"),
     "name-with-separator": (["x", "--defaults", "--data", "project_name=a/b"], "path separator"),
-    "name-keyword": (["class", "--defaults"], "shadows"),
+    "name-keyword": (["class", "--defaults"], "keyword"),
+    "name-ends-with-dash": (["net-", "--defaults"], "ending with a letter"),
+    "name-too-long": (["x" * 300, "--defaults"], "too long"),
     "name-shadows-torch": (["torch", "--defaults"], "shadows"),
     "unknown-key": (["x", "--defaults", "--data", "optimiser=sgd"], "unknown answer key"),
     "not-key-value": (["x", "--defaults", "--data", "precision"], "KEY=VALUE"),
@@ -152,6 +154,7 @@ def test_non_empty_destination_is_refused_and_left_alone(tmp_path):
     assert forced.returncode == 0, forced.stderr
     assert (dest / "notes.txt").read_text() == "mine"
     assert (dest / "src" / "taken" / "train.py").is_file()
+    assert not (dest / ".git").exists(), "the user's files are never committed for them"
 
 
 def test_variants_lists_names_first(tmp_path):

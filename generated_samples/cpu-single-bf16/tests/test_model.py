@@ -7,8 +7,9 @@ import math
 
 import torch
 
+from cpu_single_bf16.config import parse_param_count
 from cpu_single_bf16.data import NUM_CLASSES, build_datasets
-from cpu_single_bf16.model import build_model, count_parameters, loss_fn, parse_param_count
+from cpu_single_bf16.model import build_model, count_parameters, loss_fn
 from cpu_single_bf16.optim import build_optimizer, build_scheduler
 from cpu_single_bf16.precision import PrecisionPolicy
 from cpu_single_bf16.train import seed_everything, train_step

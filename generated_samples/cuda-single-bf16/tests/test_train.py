@@ -46,6 +46,25 @@ def test_checkpoint_loads_weights_only_into_a_plain_model(config):
     assert state["progress"]["epoch"] == 1
 
 
+def test_starting_over_in_a_used_run_folder_is_refused(config):
+    config = dataclasses.replace(config, epochs=1)
+    Trainer(config, init_runtime("cpu")).fit()
+    with pytest.raises(ValueError, match="--resume"):
+        Trainer(config, init_runtime("cpu")).check_fresh_start()
+    changed = dataclasses.replace(config, micro_batch_size=32)
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        Trainer(changed, init_runtime("cpu")).resume()
+
+
+def test_resume_refuses_a_folder_of_damaged_checkpoints(config):
+    config = dataclasses.replace(config, epochs=1)
+    Trainer(config, init_runtime("cpu")).fit()
+    for path in (Path(config.run_dir) / "checkpoints").glob("*.pt"):
+        path.write_bytes(b"torn")
+    with pytest.raises(ValueError, match="loads"):
+        Trainer(config, init_runtime("cpu")).resume()
+
+
 def final_state(run_dir: Path, step: int) -> dict:
     return torch.load(run_dir / "checkpoints" / f"step-{step:08d}.pt", weights_only=True)
 

@@ -7,8 +7,9 @@ import math
 
 import torch
 
+from cuda_single_fp16.config import parse_param_count
 from cuda_single_fp16.data import NUM_CLASSES, build_datasets
-from cuda_single_fp16.model import build_model, count_parameters, loss_fn, parse_param_count
+from cuda_single_fp16.model import build_model, count_parameters, loss_fn
 from cuda_single_fp16.optim import build_optimizer, build_scheduler
 from cuda_single_fp16.precision import PrecisionPolicy
 from cuda_single_fp16.train import seed_everything, train_step

@@ -16,6 +16,7 @@ import itertools
 import json
 import math
 import random
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -27,7 +28,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from .checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
-from .config import Config, load_config
+from .config import RESUME_INVARIANTS, Config, load_config
 from .data import (
     NUM_CLASSES,
     TimedIterator,
@@ -122,6 +123,11 @@ class Trainer:
         self.model = build_model(config).to(runtime.device)  # the bare module, saved as is
         self.optimizer = build_optimizer(self.model, config)
         self.batches_per_epoch = len(self.train_loader)
+        if self.batches_per_epoch == 0:
+            raise ValueError(
+                f"micro_batch_size={config.micro_batch_size} exceeds the {len(train_set)} training "
+                "samples; lower micro_batch_size"
+            )
         self.steps_per_epoch = math.ceil(self.batches_per_epoch / config.grad_accum_steps)
         total_steps = config.epochs * self.steps_per_epoch
         self.scheduler = build_scheduler(self.optimizer, config, total_steps)
@@ -137,10 +143,31 @@ class Trainer:
         self.stats = {"samples": 0, "train_seconds": 0.0, "data_seconds": 0.0}
 
     def resume(self) -> None:
-        """Load the latest valid checkpoint, if any: model first, then optimizer and the rest."""
+        """Load the latest valid checkpoint, if any: model first, then optimizer and the rest.
+
+        Raises:
+            ValueError: checkpoints exist but none loads, or the run's data order or model
+                shape settings (`RESUME_INVARIANTS`) differ from the checkpoint's.
+        """
         saved = self.checkpoints.load_latest(self.runtime.device)
         if saved is None:
+            if self.checkpoints.step_files() or (self.checkpoints.directory / "last.pt").exists():
+                raise ValueError(
+                    f"no checkpoint in {self.checkpoints.directory} loads (all damaged); "
+                    "move the folder away or pass run_dir=NEW"
+                )
+            self.notice(f"no checkpoint in {self.checkpoints.directory} yet; starting at step 0")
             return
+        saved_config = saved["config"]
+        changed = [k for k in RESUME_INVARIANTS if saved_config[k] != getattr(self.config, k)]
+        if changed:
+            was = ", ".join(f"{key}={saved_config[key]}" for key in changed)
+            raise ValueError(
+                f"cannot resume with changed {', '.join(changed)} (the checkpoint has {was}); "
+                "use the checkpoint's values or pass run_dir=NEW"
+            )
+        if Path(saved["path"]).name != "last.pt":
+            self.notice(f"last.pt did not load; resuming from {saved['path']}")
         self.model.load_state_dict(saved["model"])
         self.optimizer.load_state_dict(saved["optimizer"])
         self.scheduler.load_state_dict(saved["scheduler"])
@@ -148,6 +175,23 @@ class Trainer:
         self.state = TrainState(**saved["progress"])
         self.pending_rng = saved["rng"]  # restored once the interrupted epoch is replayed
         self.resumed_from = saved["path"]
+
+    def check_fresh_start(self) -> None:
+        """Refuse to start over in a run folder that holds checkpoints (it would mix two runs).
+
+        Raises:
+            ValueError: with the two ways out (`--resume`, or a new `run_dir`).
+        """
+        if self.checkpoints.directory.is_dir() and any(self.checkpoints.directory.iterdir()):
+            raise ValueError(
+                f"{self.run_dir} already holds a run; pass --resume to continue it "
+                "or run_dir=NEW to start another"
+            )
+
+    def notice(self, message: str) -> None:
+        """One line on stderr from the main process."""
+        if self.runtime.is_main:
+            print(message, file=sys.stderr)
 
     def save_checkpoint(self, is_best: bool) -> None:
         """Every process calls this; the main process writes, the others wait at the barrier."""
@@ -239,6 +283,11 @@ class Trainer:
     def log_step(self, loss: Tensor, grad_norm: Tensor, bar: tqdm) -> None:
         """Sync the step's loss to the host (the only `.item()` of the loop) and log it."""
         loss_value = loss.item()
+        if not math.isfinite(loss_value):  # checked when logging, so no extra sync per step
+            raise FloatingPointError(
+                f"loss is {loss_value} at step {self.state.step}; lower lr, check inputs and "
+                "labels, or use bf16 instead of fp16"
+            )
         if self.state.step == 1:
             self.state.initial_loss = loss_value
         lr = self.scheduler.get_last_lr()[0]
@@ -279,15 +328,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Entry point of `python -m cpu_single_bf16.train`; returns the run summary."""
     args = parse_args(argv)
-    try:
+    runtime = None
+    try:  # set-up errors are the user's to fix: one line, no traceback
         config = load_config(args.config, args.overrides)
-    except (OSError, ValueError) as error:
-        raise SystemExit(f"error: {error}") from None
-    runtime = init_runtime(config.device)
-    try:
+        runtime = init_runtime(config.device)
         trainer = Trainer(config, runtime)
         if args.resume:
             trainer.resume()
+        else:
+            trainer.check_fresh_start()
+    except (OSError, ValueError) as error:
+        if runtime is not None:
+            shutdown_runtime(runtime)
+        raise SystemExit(f"error: {error}") from None
+    try:
         return trainer.fit()
     finally:
         shutdown_runtime(runtime)

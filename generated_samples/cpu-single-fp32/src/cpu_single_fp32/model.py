@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import re
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import Config
+from .config import Config, parse_param_count
 from .data import IMAGE_SHAPE, NUM_CLASSES
 
 
@@ -61,19 +59,6 @@ def eval_sums(logits: Tensor, targets: Tensor) -> Tensor:
     loss_sum = F.cross_entropy(logits.float(), targets, reduction="sum")
     correct = (logits.argmax(dim=-1) == targets).sum()
     return torch.stack([loss_sum.double(), correct.double(), torch.tensor(float(len(targets)))])
-
-
-def parse_param_count(size: str) -> int:
-    """'100K' -> 100_000, '1.5M' -> 1_500_000, '7B' -> 7_000_000_000; plain ints too.
-
-    Raises:
-        ValueError: the text is not a number with an optional K, M or B suffix.
-    """
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMB]?)\s*", size.upper())
-    if match is None:
-        raise ValueError(f"model_size {size!r} is not a parameter count; use e.g. 100K or 2M")
-    scale = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9}[match.group(2)]
-    return int(float(match.group(1)) * scale)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -30,10 +30,20 @@ class Runtime:
 
 
 def resolve_device(name: str) -> torch.device:
-    """`auto` -> cuda if available, else cpu; any other name is passed to `torch.device`."""
+    """`auto` -> cuda if available, else cpu; `cpu`, `cuda`, `cuda:N` or `mps` as named.
+
+    Raises:
+        ValueError: an unknown device, or one this machine does not have.
+    """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    kind = name.split(":")[0]
+    available = {"cpu": True, "cuda": torch.cuda.is_available()}
+    available["mps"] = torch.backends.mps.is_available()
+    if not available.get(kind, False):
+        raise ValueError(f"device={name} is not available here; use device=auto or device=cpu")
+    device = torch.device(name)
+    return torch.device("cuda", torch.cuda.current_device()) if name == "cuda" else device
 
 
 def init_runtime(device: str) -> Runtime:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,9 +59,14 @@ class Config:
         for key in non_negative:
             if getattr(self, key) < 0:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)!r}")
-        for key in ("val_fraction", "dropout", "min_lr_ratio", "beta1", "beta2"):
+        for key in ("dropout", "min_lr_ratio", "beta1", "beta2"):
             if not 0 <= getattr(self, key) < 1:
                 raise ValueError(f"{key} must be in [0, 1), got {getattr(self, key)!r}")
+        if not 0 < self.val_fraction < 1:
+            raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")
+        if not math.isfinite(self.lr):
+            raise ValueError(f"lr must be a finite number, got {self.lr!r}")
+        parse_param_count(self.model_size)
         if self.monitor not in MONITOR_MODES:
             raise ValueError(
                 f"monitor must be one of {sorted(MONITOR_MODES)}, got {self.monitor!r}"
@@ -75,6 +82,25 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         """Plain-type dict (saved in checkpoints and the run summary)."""
         return dataclasses.asdict(self)
+
+
+TYPE_NAMES = {int: "a whole number", float: "a number", bool: "true or false", str: "a string"}
+
+# Settings a resume must share with the checkpoint: they fix the data order and model shape.
+RESUME_INVARIANTS = ("seed", "model_size", "micro_batch_size", "grad_accum_steps", "val_fraction")
+
+
+def parse_param_count(size: str) -> int:
+    """'100K' -> 100_000, '1.5M' -> 1_500_000, '7B' -> 7_000_000_000; plain ints too.
+
+    Raises:
+        ValueError: the text is not a positive number with an optional K, M or B suffix.
+    """
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMB]?)\s*", size.upper())
+    if match is None or float(match.group(1)) * 1000 < 1:
+        raise ValueError(f"model_size {size!r} is not a parameter count; use e.g. 100K or 2M")
+    scale = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9}[match.group(2)]
+    return int(float(match.group(1)) * scale)
 
 
 # The direction in which each monitored validation metric improves.
@@ -94,14 +120,17 @@ def load_config(
     """
     values: dict[str, Any] = {}
     if path is not None:
-        with open(path, "rb") as file:
-            values.update(tomllib.load(file))
+        try:
+            with open(path, "rb") as file:
+                values.update(_checked_keys(tomllib.load(file), source=str(path)))
+        except FileNotFoundError:
+            raise ValueError(f"config file {path} not found; pass --config PATH") from None
     for override in overrides:
         key, sep, raw = override.partition("=")
         if not sep:
             raise ValueError(f"override {override!r} is not key=value; e.g. lr=1e-3")
-        values[key.strip()] = _parse_value(raw.strip())
-    return _typed_config(values, source=str(path) if path else "overrides")
+        values.update(_checked_keys({key.strip(): _parse_value(raw.strip())}, "the command line"))
+    return _typed_config(values)
 
 
 def _parse_value(raw: str) -> Any:
@@ -111,19 +140,22 @@ def _parse_value(raw: str) -> Any:
         return raw
 
 
-def _typed_config(values: dict[str, Any], source: str) -> Config:
+def _checked_keys(values: dict[str, Any], source: str) -> dict[str, Any]:
+    known = [field.name for field in dataclasses.fields(Config)]
+    for key in values:
+        if key not in known:
+            raise ValueError(
+                f"unknown config key {key!r} in {source}; known keys: {', '.join(known)}"
+            )
+    return values
+
+
+def _typed_config(values: dict[str, Any]) -> Config:
     fields = {field.name: field for field in dataclasses.fields(Config)}
     for key, value in values.items():
-        if key not in fields:
-            raise ValueError(
-                f"unknown config key {key!r} in {source}; known keys: {', '.join(fields)}"
-            )
         expected = type(fields[key].default)
         if expected is float and type(value) is int:
             values[key] = float(value)
         elif type(value) is not expected:
-            raise ValueError(
-                f"config key {key!r} needs a {expected.__name__}, "
-                f"got {value!r} ({type(value).__name__})"
-            )
+            raise ValueError(f"config key {key!r} needs {TYPE_NAMES[expected]}, got {value!r}")
     return Config(**values)
