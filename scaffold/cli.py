@@ -62,9 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
     args = build_parser().parse_args(argv)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # copier's dirty-template warnings are not the user's
-            return COMMANDS[args.command](args)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                return COMMANDS[args.command](args)
+            finally:
+                for warning in caught:
+                    print(f"scaffold: warning: {warning.message}", file=sys.stderr)
     except ScaffoldError as error:
         print(f"scaffold: error: {error}", file=sys.stderr)
         return EXIT_USAGE

@@ -165,21 +165,23 @@ def render_project(
         RenderError: copier, ruff or git failed.
     """
     import copier  # deferred: importing copier takes ~0.5 s that `--help` should not pay
-    from copier.errors import CopierError
+    from copier.errors import CopierError, CopierWarning
 
     check_destination(dest, force)
     existing = set(dest.iterdir()) if dest.is_dir() else None
     src_path, tag = ensure_template_repo()
     try:
-        copier.run_copy(
-            src_path,
-            dest,
-            data=answers.to_copier_data(),
-            vcs_ref=tag,
-            defaults=True,
-            overwrite=force,
-            quiet=True,
-        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CopierWarning)  # copier's notes are not the user's
+            copier.run_copy(
+                src_path,
+                dest,
+                data=answers.to_copier_data(),
+                vcs_ref=tag,
+                defaults=True,
+                overwrite=force,
+                quiet=True,
+            )
         format_with_ruff(dest)
         if init_git and not existing:  # never commit files the user had in DEST
             initial_commit(dest, tag)
