@@ -13,6 +13,7 @@ from scaffold.answers import Answers, build_answers, merge_sources, parse_data_p
 from scaffold.errors import AnswerError, ScaffoldError
 from scaffold.variants import VARIANTS
 
+EXIT_CONFLICTS = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
@@ -47,6 +48,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="start from a named variant's answers",
     )
     new.add_argument("--force", action="store_true", help="allow a non-empty DEST")
+
+    update = commands.add_parser(
+        "update", help="merge this scaffold's template fixes into an existing project"
+    )
+    update.add_argument("dest", metavar="DEST", type=Path, nargs="?", default=Path("."))
+    update.add_argument(
+        "--data", action="append", default=[], metavar="KEY=VALUE", help="change one answer"
+    )
+    update.add_argument("--ask", action="store_true", help="ask new questions instead of defaults")
+    update.add_argument(
+        "--diff", "--dry-run", dest="dry_run", action="store_true", help="show the change only"
+    )
+    update.add_argument(
+        "--recopy", action="store_true", help="re-render from scratch with the recorded answers"
+    )
+    # For template developers and tests: update from a template folder as if it were a release.
+    update.add_argument("--template", type=Path, help=argparse.SUPPRESS)
+    update.add_argument("--template-version", default=__version__, help=argparse.SUPPRESS)
 
     commands.add_parser("variants", help="list the named variants, one per line")
 
@@ -121,6 +140,37 @@ def _print_next_steps(
     print(f"  python -m {answers.package_name}.train")
 
 
+def cmd_update(args: argparse.Namespace) -> int:
+    """`scaffold update`: merge; exit 1 listing the conflicted files when markers remain."""
+    from scaffold.update import update_project
+
+    data = parse_data_pairs(args.data)
+    result = update_project(
+        args.dest,
+        data,
+        ask=args.ask,
+        dry_run=args.dry_run,
+        recopy=args.recopy,
+        template=args.template,
+        version=args.template_version,
+    )
+    for note in result.notes:
+        print(f"migration note {note}")
+    if args.dry_run:
+        print(result.diff or f"no changes from {result.old_tag} to {result.new_tag}")
+        return 0
+    if result.conflicts:
+        print(f"scaffold: conflicts in {len(result.conflicts)} file(s):", file=sys.stderr)
+        for path in result.conflicts:
+            print(f"  {path}", file=sys.stderr)
+        print("resolve the <<<<<<< markers, then git add and commit", file=sys.stderr)
+        return EXIT_CONFLICTS
+    how = "re-rendered" if args.recopy else "updated"
+    versions = f"from {result.old_tag} to {result.new_tag}"
+    print(f"{how} {args.dest.resolve()} {versions}; review with git diff, then commit")
+    return 0
+
+
 def cmd_variants(args: argparse.Namespace) -> int:
     """`scaffold variants`: one variant per line, the name first."""
     for name, answers in VARIANTS.items():
@@ -145,4 +195,9 @@ def cmd_samples(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"new": cmd_new, "variants": cmd_variants, "samples": cmd_samples}
+COMMANDS = {
+    "new": cmd_new,
+    "update": cmd_update,
+    "variants": cmd_variants,
+    "samples": cmd_samples,
+}

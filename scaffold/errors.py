@@ -17,5 +17,9 @@ class DestinationError(ScaffoldError):
     """The destination folder cannot receive a new project."""
 
 
+class ProjectError(ScaffoldError):
+    """An existing project that cannot be updated as it is (no answers file, no git, dirty...)."""
+
+
 class RenderError(ScaffoldError):
     """copier, ruff or git failed while writing the project."""

@@ -29,6 +29,14 @@ CACHE_GIT_IDENTITY = {
     "GIT_COMMITTER_NAME": "scaffold",
     "GIT_COMMITTER_EMAIL": "scaffold@localhost",
 }
+# Fixed dates make a version's cache commit the same object on every machine, so a commit
+# restored from a project (see `restore_template_version`) is the one that was tagged.
+CACHE_GIT_DATES = {
+    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000",
+    "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
+}
+# Where a project keeps the template commit it was rendered from: refs/scaffold/templates/<tag>.
+PROJECT_TEMPLATE_REFS = "refs/scaffold/templates"
 
 
 def bundled_template() -> Path:
@@ -53,7 +61,7 @@ def template_repo_source() -> tuple[Path, str]:
     return Path(source).expanduser(), source
 
 
-def _git(*args: str, cwd: Path, env: dict[str, str] | None = None) -> str:
+def run_git(*args: str, cwd: Path, env: dict[str, str] | None = None) -> str:
     """Run git with a neutral configuration (no user excludes or hooks) and return stdout."""
     command = [
         "git",
@@ -76,20 +84,23 @@ def _git(*args: str, cwd: Path, env: dict[str, str] | None = None) -> str:
     return result.stdout.strip()
 
 
-def ensure_template_repo(version: str = __version__) -> tuple[str, str]:
-    """Commit the bundled template into the cache repository; return (src_path, tag) for copier.
+def ensure_template_repo(
+    version: str = __version__, template: Path | None = None, source: str | None = None
+) -> tuple[str, str]:
+    """Commit a template into the cache repository; return (src_path, tag) for copier.
 
-    A version already tagged with the same files is reused. If a development build changed the
-    template without a version bump, the tag stays where it is (projects rendered from it need
-    it to update) and the new files get the tag `v<version>+dev.<tree hash>`.
+    `template` defaults to the bundled one and `source` (the cache repository's path as copier
+    records it) to `template_repo_source()`. A version already tagged with the same files is
+    reused. If a development build changed the template without a version bump, the tag stays
+    where it is (projects rendered from it need it to update) and the new files get the tag
+    `v<version>+dev.<tree hash>`.
+
+    Raises:
+        RenderError: git is missing or fails.
     """
-    if shutil.which("git") is None:
-        raise RenderError("git is not installed; install git, which copier needs to render")
-    repo, source = template_repo_source()
-    if not (repo / ".git").is_dir():
-        repo.mkdir(parents=True, exist_ok=True)
-        _git("init", "--quiet", cwd=repo)
-    tree = _tree_of(bundled_template(), repo)
+    repo = _open_cache_repo(source)
+    source = source or template_repo_source()[1]
+    tree = _tree_of(template or bundled_template(), repo)
     tag = f"v{version}"
     tagged_tree = _tagged_tree(repo, tag)
     if tagged_tree is not None and tagged_tree != tree:
@@ -100,16 +111,49 @@ def ensure_template_repo(version: str = __version__) -> tuple[str, str]:
             stacklevel=2,
         )
     if tagged_tree is None:
-        commit = _git(
-            "commit-tree",
-            tree,
-            "-m",
-            f"scaffold template {tag}",
-            cwd=repo,
-            env=CACHE_GIT_IDENTITY,
-        )
-        _git("tag", tag, commit, cwd=repo)
+        env = {**CACHE_GIT_IDENTITY, **CACHE_GIT_DATES}
+        commit = run_git("commit-tree", tree, "-m", f"scaffold template {tag}", cwd=repo, env=env)
+        run_git("tag", tag, commit, cwd=repo)
     return source, tag
+
+
+def _open_cache_repo(source: str | None) -> Path:
+    """The cache repository at `source` (default: `template_repo_source()`), created if absent."""
+    if shutil.which("git") is None:
+        raise RenderError("git is not installed; install git, which copier needs to render")
+    repo = Path(source).expanduser() if source else template_repo_source()[0]
+    if not (repo / ".git").is_dir():
+        repo.mkdir(parents=True, exist_ok=True)
+        run_git("init", "--quiet", cwd=repo)
+    return repo
+
+
+def keep_template_in_project(project: Path, source: str, tag: str) -> None:
+    """Copy the template commit `tag` into the project's git as refs/scaffold/templates/<tag>.
+
+    A later `scaffold update` on a machine whose cache lacks that version restores it from
+    there; the work tree is not touched.
+    """
+    repo = Path(source).expanduser()
+    refspec = f"refs/tags/{tag}:{PROJECT_TEMPLATE_REFS}/{tag}"
+    run_git("fetch", "--quiet", "--no-tags", str(repo), refspec, cwd=project)
+
+
+def has_template_version(source: str, tag: str) -> bool:
+    """True when the cache repository at `source` holds the tag `tag`."""
+    return _tagged_tree(_open_cache_repo(source), tag) is not None
+
+
+def restore_template_version(project: Path, source: str, tag: str) -> bool:
+    """Tag `tag` in the cache from the project's kept template commit; False if it has none."""
+    repo = _open_cache_repo(source)
+    ref = f"{PROJECT_TEMPLATE_REFS}/{tag}"
+    try:
+        run_git("rev-parse", "--verify", "--quiet", ref, cwd=project)
+    except RenderError:
+        return False
+    run_git("fetch", "--quiet", "--no-tags", str(project), f"{ref}:refs/tags/{tag}", cwd=repo)
+    return True
 
 
 def _tree_of(template: Path, repo: Path) -> str:
@@ -119,19 +163,19 @@ def _tree_of(template: Path, repo: Path) -> str:
             "GIT_INDEX_FILE": str(Path(scratch) / "index"),
             "GIT_WORK_TREE": str(template),
         }
-        _git(
+        run_git(
             "add",
             "--all",
             ".",
             cwd=template,
             env={**env, "GIT_DIR": str(repo / ".git")},
         )
-        return _git("write-tree", cwd=template, env={**env, "GIT_DIR": str(repo / ".git")})
+        return run_git("write-tree", cwd=template, env={**env, "GIT_DIR": str(repo / ".git")})
 
 
 def _tagged_tree(repo: Path, tag: str) -> str | None:
     try:
-        return _git("rev-parse", "--verify", "--quiet", f"refs/tags/{tag}^{{tree}}", cwd=repo)
+        return run_git("rev-parse", "--verify", "--quiet", f"refs/tags/{tag}^{{tree}}", cwd=repo)
     except RenderError:
         return None
 
@@ -185,6 +229,7 @@ def render_project(
         format_with_ruff(dest)
         if init_git and not existing:  # never commit files the user had in DEST
             initial_commit(dest, tag)
+            keep_template_in_project(dest, src_path, tag)
     except BaseException as error:
         _remove_new_entries(dest, existing)
         if isinstance(error, CopierError):
@@ -223,10 +268,10 @@ def initial_commit(dest: Path, tag: str) -> None:
     """
     if shutil.which("git") is None:
         return
-    _git("init", "--quiet", cwd=dest)
-    _git("add", "--all", cwd=dest)
+    run_git("init", "--quiet", cwd=dest)
+    run_git("add", "--all", cwd=dest)
     identity = {} if _has_git_identity(dest) else CACHE_GIT_IDENTITY
-    _git(
+    run_git(
         "commit",
         "--quiet",
         "-m",
@@ -238,6 +283,6 @@ def initial_commit(dest: Path, tag: str) -> None:
 
 def _has_git_identity(repo: Path) -> bool:
     try:
-        return bool(_git("config", "user.email", cwd=repo))
+        return bool(run_git("config", "user.email", cwd=repo))
     except RenderError:
         return False

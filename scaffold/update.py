@@ -1,0 +1,183 @@
+"""`scaffold update`: merge the installed scaffold's template into an existing project.
+
+copier's `run_update` re-renders the project's recorded template version and the new one with
+the recorded answers, and applies the difference as a 3-way merge (conflicts inline). It exits
+0 even when conflict markers remain, so conflicts are read back from git afterwards. On a
+machine whose template cache lacks the project's version, that version is restored from the
+commit `scaffold new` kept in the project's git (refs/scaffold/templates/<tag>).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from packaging.version import InvalidVersion, Version
+
+from scaffold import __version__
+from scaffold.answers import Answers, build_answers, merge_sources
+from scaffold.errors import ProjectError, RenderError
+from scaffold.migrations import notes_between
+from scaffold.planner import plan
+from scaffold.render import (
+    ensure_template_repo,
+    has_template_version,
+    keep_template_in_project,
+    restore_template_version,
+    run_git,
+)
+
+ANSWERS_FILE = ".copier-answers.yml"
+
+
+@dataclass
+class UpdateResult:
+    """What an update did: versions, conflicted files, migration notes, a dry run's diff."""
+
+    old_tag: str
+    new_tag: str
+    conflicts: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    diff: str = ""
+
+
+def recorded_answers(project: Path) -> dict[str, Any]:
+    """The answers file's content (answers plus copier's `_commit` and `_src_path`).
+
+    Raises:
+        ProjectError: the folder has no answers file, so it is not a scaffold project.
+    """
+    path = project / ANSWERS_FILE
+    if not path.is_file():
+        raise ProjectError(
+            f"{project} is not a scaffold project (no {ANSWERS_FILE}); "
+            "run scaffold update inside a project made by scaffold new"
+        )
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def check_updatable(project: Path, recorded: Mapping[str, Any], version: str) -> Version:
+    """Refuse a project without git, with uncommitted changes, or from a newer scaffold.
+
+    Returns the project's template version. Raises ProjectError with the way out.
+    """
+    try:
+        top = run_git("rev-parse", "--show-toplevel", cwd=project)
+    except RenderError:
+        raise ProjectError(
+            f"{project} has no git repository; commit it first (git init && git add -A && "
+            "git commit -m start), then update"
+        ) from None
+    dirty = run_git("status", "--porcelain", "--untracked-files=all", cwd=project)
+    if dirty:
+        count = len(dirty.splitlines())
+        raise ProjectError(
+            f"{top} has {count} uncommitted or untracked file(s); commit or stash them first"
+        )
+    old = _version_of(str(recorded.get("_commit", "")))
+    if old > Version(version):
+        raise ProjectError(
+            f"{project} was made by scaffold {old}, newer than the installed {version}; "
+            f"upgrade scaffold (pip install -U scaffold) instead of downgrading the project"
+        )
+    return old
+
+
+def _version_of(tag: str) -> Version:
+    try:
+        return Version(tag.removeprefix("v"))
+    except InvalidVersion:
+        raise ProjectError(
+            f"{ANSWERS_FILE} records no scaffold version (_commit: {tag!r}); "
+            "re-render with scaffold update --recopy"
+        ) from None
+
+
+def updated_answers(recorded: Mapping[str, Any], data: Mapping[str, str]) -> Answers:
+    """Recorded answers with `data` on top, validated and planned like `scaffold new`."""
+    previous = {k: v for k, v in recorded.items() if not k.startswith("_") and k != "package_name"}
+    return plan(build_answers(merge_sources(data, previous))).answers
+
+
+def update_project(
+    project: Path,
+    data: Mapping[str, str] | None = None,
+    *,
+    ask: bool = False,
+    dry_run: bool = False,
+    recopy: bool = False,
+    template: Path | None = None,
+    version: str = __version__,
+) -> UpdateResult:
+    """Bring `project` to the template of scaffold `version`, keeping the owner's edits.
+
+    With `dry_run` the update runs on a clone and only its diff is returned. With `recopy` the
+    project is re-rendered from scratch with the recorded answers (no merge), for review with
+    `git diff`. `template` overrides the bundled template (tests build a newer one).
+
+    Raises:
+        ProjectError: not a scaffold project, no git, a dirty tree, a downgrade, or the old
+            template version is nowhere to be found (then `--recopy` is the way out).
+        AnswerError: `data` holds an invalid answer.
+    """
+    recorded = recorded_answers(project)
+    old = check_updatable(project, recorded, version)
+    answers = updated_answers(recorded, data or {})
+    source = str(recorded.get("_src_path") or "~/.cache/scaffold/template-repo")
+    old_tag = str(recorded["_commit"])
+    source, new_tag = ensure_template_repo(version, template, source)
+    result = UpdateResult(old_tag, new_tag, notes=notes_between(old, _version_of(new_tag)))
+    missing = not recopy and not has_template_version(source, old_tag)
+    if missing and not restore_template_version(project, source, old_tag):
+        raise ProjectError(
+            f"the template of {old_tag} is neither in the cache nor kept in the project; "
+            "run scaffold update --recopy and review the result with git diff"
+        )
+    if dry_run:
+        result.diff = _dry_run_diff(project, answers, new_tag, ask, recopy)
+        return result
+    _run_copier(project, answers, new_tag, ask, recopy)
+    result.conflicts = conflicted_files(project)
+    keep_template_in_project(project, source, new_tag)
+    return result
+
+
+def _run_copier(project: Path, answers: Answers, tag: str, ask: bool, recopy: bool) -> None:
+    import copier
+    from copier.errors import CopierError, CopierWarning
+
+    options = dict(data=answers.to_copier_data(), vcs_ref=tag, overwrite=True, quiet=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CopierWarning)
+        try:
+            if recopy:
+                copier.run_recopy(project, defaults=True, **options)
+            else:
+                copier.run_update(project, defaults=not ask, conflict="inline", **options)
+        except CopierError as error:
+            raise RenderError(f"copier failed: {error}") from error
+
+
+def _dry_run_diff(project: Path, answers: Answers, tag: str, ask: bool, recopy: bool) -> str:
+    """Run the update on a throw-away clone and return `git diff` of what it changed."""
+    with tempfile.TemporaryDirectory() as scratch:
+        clone = Path(scratch) / project.name
+        subprocess.run(
+            ["git", "clone", "--quiet", str(project), str(clone)], check=True, capture_output=True
+        )
+        _run_copier(clone, answers, tag, ask, recopy)
+        run_git("add", "--all", cwd=clone)
+        return run_git("diff", "--cached", cwd=clone)
+
+
+def conflicted_files(project: Path) -> list[str]:
+    """Files git records as unmerged, and `*.rej` leftovers, relative to the project."""
+    unmerged = run_git("diff", "--name-only", "--diff-filter=U", cwd=project).splitlines()
+    rejects = [str(p.relative_to(project)) for p in project.rglob("*.rej") if ".git" not in p.parts]
+    return sorted(set(unmerged) | set(rejects))

@@ -1,0 +1,228 @@
+"""`scaffold update` with real git and real copier: a newer template is built in each test by
+copying templates/ and changing a line of the loop, a line of the config, and the file set."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import REPO_ROOT, run_in_project, run_scaffold
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scaffold.samples import render_variant
+
+NEW_VERSION = "0.2.0"
+LOOP_LINE = "    model.eval()  # dropout off"
+LOOP_FIX = "    model.eval()  # dropout off; BatchNorm uses running statistics"
+CONFIG_LINE = "warmup_steps = 40 "
+CONFIG_FIX = "warmup_steps = 50 "
+
+
+def git(project: Path, *args: str) -> str:
+    result = subprocess.run(["git", *args], cwd=project, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def commit_all(project: Path, message: str) -> None:
+    git(project, "add", "--all")
+    git(project, "commit", "--quiet", "-m", message)
+
+
+@pytest.fixture
+def new_template(tmp_path_factory) -> Path:
+    """templates/ with a loop fix, a config change, one file dropped and one file added."""
+    template = tmp_path_factory.mktemp("template-v2") / "templates"
+    shutil.copytree(REPO_ROOT / "templates", template)
+    train = template / "project" / "src" / "{{package_name}}" / "train.py.jinja"
+    text = train.read_text()
+    assert LOOP_LINE in text
+    train.write_text(text.replace(LOOP_LINE, LOOP_FIX))
+    config = template / "project" / "configs" / "train.toml.jinja"
+    text = config.read_text()
+    assert CONFIG_LINE in text
+    config.write_text(text.replace(CONFIG_LINE, CONFIG_FIX))
+    (template / "project" / "tests" / "test_optim.py.jinja").unlink()
+    (template / "project" / "docs").mkdir()
+    (template / "project" / "docs" / "CHANGES.md").write_text("# Changes\n\n- v0.2.0\n")
+    return template
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    """The default project rendered by the installed scaffold (v0.1.0) and committed."""
+    dest = tmp_path / "demo"
+    render_variant("cpu-single-fp32", dest, init_git=True)
+    return dest
+
+
+def update(project: Path, template: Path, *args: str):
+    args = (*args, "--template", str(template), "--template-version", NEW_VERSION)
+    return run_scaffold("update", str(project), *args, cwd=project.parent)
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in folder.rglob("*")
+        if p.is_file() and ".git" not in p.relative_to(folder).parts
+    }
+
+
+def test_clean_update_keeps_the_owners_edit_and_brings_the_fix(project, new_template):
+    model = project / "src" / "demo" / "model.py"
+    edited = model.read_text().replace("dropout: float = 0.1", "dropout: float = 0.3")
+    edited += '\n\ndef describe() -> str:\n    return "my CNN"\n'
+    model.write_text(edited)
+    commit_all(project, "my edits")
+    result = update(project, new_template)
+    assert result.returncode == 0, result.stderr
+    assert model.read_text() == edited
+    assert LOOP_FIX in (project / "src" / "demo" / "train.py").read_text()
+    assert CONFIG_FIX in (project / "configs" / "train.toml").read_text()
+    assert "_commit: v0.2.0" in (project / ".copier-answers.yml").read_text()
+    refs = git(project, "for-each-ref", "--format=%(refname)", "refs/scaffold")
+    assert "refs/scaffold/templates/v0.2.0" in refs
+
+
+def test_same_line_edited_on_both_sides_fails_loudly_and_commits_nothing(project, new_template):
+    train = project / "src" / "demo" / "train.py"
+    train.write_text(train.read_text().replace(LOOP_LINE, "    model.eval()  # my own note"))
+    commit_all(project, "my note")
+    head = git(project, "rev-parse", "HEAD")
+    result = update(project, new_template)
+    assert result.returncode == 1
+    assert "src/demo/train.py" in result.stderr
+    text = train.read_text()
+    assert "<<<<<<<" in text and ">>>>>>>" in text and LOOP_FIX in text and "my own note" in text
+    assert git(project, "rev-parse", "HEAD") == head, "nothing committed"
+    assert "UU src/demo/train.py" in git(project, "status", "--porcelain")
+
+
+def test_deleted_dropped_and_added_files(project, new_template):
+    (project / "tests" / "test_loop.py").unlink()
+    commit_all(project, "I do not want this test")
+    result = update(project, new_template)
+    assert result.returncode == 0, result.stderr
+    assert not (project / "tests" / "test_loop.py").exists(), "the owner's deletion stays"
+    assert not (project / "tests" / "test_optim.py").exists(), "the template dropped it"
+    assert (project / "docs" / "CHANGES.md").read_text().startswith("# Changes")
+
+
+def make_dirty(project: Path) -> None:
+    (project / "scratch.txt").write_text("untracked")
+
+
+def make_not_a_project(project: Path) -> None:
+    (project / ".copier-answers.yml").unlink()
+    commit_all(project, "no answers")
+
+
+def make_downgrade(project: Path) -> None:
+    answers = project / ".copier-answers.yml"
+    answers.write_text(answers.read_text().replace("_commit: v0.1.0", "_commit: v9.0.0"))
+    commit_all(project, "from the future")
+
+
+def make_no_git(project: Path) -> None:
+    shutil.rmtree(project / ".git")
+
+
+REFUSALS = {
+    "dirty": (make_dirty, "uncommitted"),
+    "not-a-project": (make_not_a_project, "not a scaffold project"),
+    "downgrade": (make_downgrade, "newer than the installed"),
+    "no-git": (make_no_git, "no git repository"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_refusals_exit_2_and_change_nothing(project, new_template, case):
+    prepare, message = REFUSALS[case]
+    prepare(project)
+    before = snapshot(project)
+    head = git(project, "rev-parse", "HEAD") if (project / ".git").exists() else None
+    result = update(project, new_template)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert snapshot(project) == before
+    if head:
+        assert git(project, "rev-parse", "HEAD") == head
+
+
+def test_update_on_a_fresh_machine_restores_the_old_template_from_the_project(
+    project, new_template, tmp_path, monkeypatch
+):
+    fresh_home = tmp_path / "fresh-home"
+    fresh_home.mkdir()
+    monkeypatch.setenv("HOME", str(fresh_home))
+    result = update(project, new_template)
+    assert result.returncode == 0, result.stderr
+    assert LOOP_FIX in (project / "src" / "demo" / "train.py").read_text()
+
+
+def test_without_the_old_template_anywhere_recopy_is_the_way_out(
+    project, new_template, tmp_path, monkeypatch
+):
+    git(project, "update-ref", "-d", "refs/scaffold/templates/v0.1.0")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    refused = update(project, new_template)
+    assert refused.returncode == 2 and "--recopy" in refused.stderr
+    recopied = update(project, new_template, "--recopy")
+    assert recopied.returncode == 0, recopied.stderr
+    assert LOOP_FIX in (project / "src" / "demo" / "train.py").read_text()
+
+
+def test_dry_run_shows_the_change_and_touches_nothing(project, new_template):
+    before = snapshot(project)
+    result = update(project, new_template, "--diff")
+    assert result.returncode == 0, result.stderr
+    assert "+" + LOOP_FIX in result.stdout and "docs/CHANGES.md" in result.stdout
+    assert snapshot(project) == before
+    assert git(project, "status", "--porcelain") == ""
+
+
+@pytest.mark.slow
+def test_changing_an_answer_re_renders_and_the_tests_still_pass(project):
+    result = run_scaffold("update", str(project), "--data", "precision=bf16", cwd=project.parent)
+    assert result.returncode == 0, result.stderr
+    assert 'name = "bf16"' in (project / "src" / "demo" / "precision.py").read_text()
+    assert "precision: bf16" in (project / ".copier-answers.yml").read_text()
+    tests = run_in_project(project, "-m", "pytest", "-q", "-p", "no:cacheprovider")
+    assert tests.returncode == 0, tests.stdout[-3000:]
+
+
+UNTOUCHED_BY_V2 = ["src/demo/model.py", "src/demo/data.py", "README.md", "src/demo/optim.py"]
+EDIT_TEXT = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), min_size=1, max_size=40
+).filter(lambda text: "<<<" not in text and ">>>" not in text and "===" not in text)
+
+
+@settings(
+    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    edits=st.lists(
+        st.tuples(st.sampled_from(UNTOUCHED_BY_V2), st.integers(0, 200), EDIT_TEXT),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_edits_outside_template_changes_always_survive(tmp_path_factory, new_template, edits):
+    project = tmp_path_factory.mktemp("prop") / "demo"
+    render_variant("cpu-single-fp32", project, init_git=True)
+    for relative, line, text in edits:
+        path = project / relative
+        lines = path.read_text().splitlines(keepends=True)
+        lines.insert(min(line, len(lines)), text + "\n")
+        path.write_text("".join(lines))
+    expected = {relative: (project / relative).read_text() for relative, _, _ in edits}
+    commit_all(project, "random edits")
+    result = update(project, new_template)
+    assert result.returncode == 0, result.stderr
+    for relative, text in expected.items():
+        assert (project / relative).read_text() == text, relative
