@@ -48,6 +48,8 @@ def new_template(tmp_path_factory) -> Path:
     (template / "project" / "tests" / "test_optim.py.jinja").unlink()
     (template / "project" / "docs").mkdir()
     (template / "project" / "docs" / "CHANGES.md").write_text("# Changes\n\n- v0.2.0\n")
+    with open(template / "copier.yml", "a") as copier_yml:
+        copier_yml.write("\nlog_backend:\n  type: str\n  default: jsonl\n")
     return template
 
 
@@ -83,7 +85,9 @@ def test_clean_update_keeps_the_owners_edit_and_brings_the_fix(project, new_temp
     assert model.read_text() == edited
     assert LOOP_FIX in (project / "src" / "demo" / "train.py").read_text()
     assert CONFIG_FIX in (project / "configs" / "train.toml").read_text()
-    assert "_commit: v0.2.0" in (project / ".copier-answers.yml").read_text()
+    answers = (project / ".copier-answers.yml").read_text()
+    assert "_commit: v0.2.0" in answers
+    assert "log_backend: jsonl" in answers, "a new question takes its default"
     refs = git(project, "for-each-ref", "--format=%(refname)", "refs/scaffold")
     assert "refs/scaffold/templates/v0.2.0" in refs
 
@@ -226,3 +230,33 @@ def test_edits_outside_template_changes_always_survive(tmp_path_factory, new_tem
     assert result.returncode == 0, result.stderr
     for relative, text in expected.items():
         assert (project / relative).read_text() == text, relative
+
+
+def test_migration_notes_between_versions():
+    from packaging.version import Version
+
+    from scaffold.migrations import notes_between
+
+    notes = {"0.2.0": "rename lr_min to min_lr_ratio", "0.3.0": "checkpoints gain a manifest"}
+    assert notes_between(Version("0.1.0"), Version("0.2.0"), notes) == [
+        "v0.2.0: rename lr_min to min_lr_ratio"
+    ]
+    assert len(notes_between(Version("0.1.0"), Version("0.3.0"), notes)) == 2
+    assert notes_between(Version("0.3.0"), Version("0.3.0"), notes) == []
+
+
+def test_the_wheel_ships_the_template_with_its_dotfiles(tmp_path):
+    import sys
+    import zipfile
+
+    subprocess.run(
+        [sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(tmp_path)],
+        cwd=REPO_ROOT,
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = tmp_path.glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "scaffold/templates/copier.yml" in names
+    assert "scaffold/templates/project/.gitignore" in names
+    assert not any("__pycache__" in name for name in names)
