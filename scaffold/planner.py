@@ -98,6 +98,11 @@ def _strategy(answers: Answers, reasons: list[str], warnings: list[str]) -> str:
                 f"strategy=single uses one device but {world} GPUs were answered; "
                 "answer gpus_per_node=1 and num_nodes=1, or strategy=ddp"
             )
+        if answers.strategy == "ddp" and world == 1:
+            warnings.append(
+                "strategy=ddp with one process adds nothing on its own; launch with "
+                "NPROC_PER_NODE=N bash launch/torchrun.sh (on CPU it runs gloo)"
+            )
         if not fits:
             warnings.append(
                 f"model state needs ~{needed_gb:.1f} GB with AdamW; one "

@@ -33,4 +33,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "precision": "fp16",
     },
 }
+VARIANTS["cuda-ddp-bf16"] = {
+    **VARIANTS["cuda-single-bf16"],
+    "strategy": "ddp",
+    "gpus_per_node": 8,
+}
+VARIANTS["multinode-ddp-bf16"] = {**VARIANTS["cuda-ddp-bf16"], "num_nodes": 2}
 DEFAULT_VARIANT = "cpu-single-fp32"

@@ -56,9 +56,15 @@ def test_auto_precision_follows_the_hardware(hardware, arch, expected):
     assert resolved.strategy == "single"
 
 
-def test_auto_strategy_with_many_gpus_picks_ddp_which_is_not_available_yet():
-    with pytest.raises(NotAvailableYet, match="strategy=ddp"):
-        plan(answers(hardware="cuda", gpu_arch="ampere", gpus_per_node=8, gpu_memory_gb=80))
+def test_auto_strategy_with_many_gpus_picks_ddp():
+    resolved = plan(answers(hardware="cuda", gpu_arch="ampere", gpus_per_node=8, gpu_memory_gb=80))
+    assert resolved.answers.strategy == "ddp"
+
+
+def test_a_model_too_big_for_each_gpu_needs_fsdp2_which_is_not_available_yet():
+    with pytest.raises(NotAvailableYet, match="strategy=fsdp2"):
+        plan(answers(hardware="cuda", gpu_arch="ampere", gpus_per_node=8, gpu_memory_gb=0.5,
+                     model_size="40M"))  # fmt: skip
 
 
 def test_forcing_single_on_a_small_gpu_warns_about_memory():

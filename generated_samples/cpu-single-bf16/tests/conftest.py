@@ -11,12 +11,19 @@ from pathlib import Path
 import pytest
 
 from cpu_single_bf16.config import Config, load_config
+from cpu_single_bf16.parallel import Runtime, init_runtime
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def config(tmp_path: Path) -> Config:
+def runtime() -> Runtime:
+    """This process on the CPU (a one-process group where the strategy needs one)."""
+    return init_runtime("cpu")
+
+
+@pytest.fixture
+def config(tmp_path: Path, runtime: Runtime) -> Config:
     """The project's configs/train.toml with the run folder moved into the test's temp dir."""
     base = load_config(PROJECT_ROOT / "configs" / "train.toml")
     return dataclasses.replace(base, run_dir=str(tmp_path / "run"), device="cpu")

@@ -21,6 +21,7 @@ from cpu_single_fp32.data import (
     epoch_iterator,
     make_train_loader,
 )
+from cpu_single_fp32.parallel import init_runtime
 
 
 def test_batch_shapes_and_dtypes(config):
@@ -56,6 +57,7 @@ class RandomProbe(Dataset):
 
 def worker_draws(config, epochs: int) -> list[list[list[float]]]:
     """Per epoch, per batch: [worker id, torch draw, numpy draw, random draw]."""
+    init_runtime("cpu")  # samplers of multi-process strategies read the process group
     probe_config = dataclasses.replace(config, num_workers=2, micro_batch_size=8)
     loader = make_train_loader(RandomProbe(), probe_config)
     return [[batch.tolist() for batch in loader] for _ in range(epochs)]
@@ -89,14 +91,14 @@ def test_epoch_replay_resumes_at_the_same_batch(config):
     loader = make_train_loader(train_set, config)
     start_state = loader.generator.get_state()
     torch.manual_seed(0)  # augmentation in the main process draws from the global RNG
-    straight = list(epoch_iterator(loader, start_state, skip=0))
+    straight = list(epoch_iterator(loader, 0, start_state, skip=0))
     torch.manual_seed(0)
     rng_after_five = None
-    for index, _ in enumerate(epoch_iterator(loader, start_state, skip=0)):
+    for index, _ in enumerate(epoch_iterator(loader, 0, start_state, skip=0)):
         if index == 4:
             rng_after_five = torch.get_rng_state()
             break
-    resumed = epoch_iterator(loader, start_state, skip=5)
+    resumed = epoch_iterator(loader, 0, start_state, skip=5)
     torch.set_rng_state(rng_after_five)  # what a resume does after replaying
     for expected, actual in zip(straight[5:], resumed, strict=True):
         assert torch.equal(expected[0], actual[0]) and torch.equal(expected[1], actual[1])

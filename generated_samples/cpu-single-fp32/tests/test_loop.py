@@ -10,6 +10,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from cpu_single_fp32.data import build_datasets
 from cpu_single_fp32.model import build_model, loss_fn
+from cpu_single_fp32.parallel import init_runtime, wrap_model
 from cpu_single_fp32.precision import PrecisionPolicy
 from cpu_single_fp32.train import seed_everything, train_step
 
@@ -18,12 +19,16 @@ NO_CLIP = 1e9
 
 
 def gradients_after_step(model, micro_batches, precision=None):
-    """Run one train_step with a zero-LR SGD (parameters stay put) and return the gradients."""
+    """Run one train_step with a zero-LR SGD (parameters stay put) and return the gradients.
+
+    The model is wrapped as train.py wraps it, so DDP's no_sync path is the one under test.
+    """
+    trained = wrap_model(model, init_runtime("cpu"))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     scheduler = LambdaLR(optimizer, lambda step: 1.0)
     precision = precision or PrecisionPolicy(CPU)
     _, grad_norm = train_step(
-        model, micro_batches, len(micro_batches), optimizer, scheduler, precision, CPU, NO_CLIP
+        trained, micro_batches, len(micro_batches), optimizer, scheduler, precision, CPU, NO_CLIP
     )
     return [p.grad.clone() for p in model.parameters()], grad_norm
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.utils.data import Dataset, RandomSampler, Sampler, SequentialSampler
 
 STRATEGY = "single"
 
@@ -47,7 +49,11 @@ def resolve_device(name: str) -> torch.device:
 
 
 def init_runtime(device: str) -> Runtime:
-    """Pick the device (see `resolve_device`) for this single process."""
+    """Pick the device (see `resolve_device`) for this single process.
+
+    Raises:
+        ValueError: the device is unknown or not on this machine.
+    """
     resolved = resolve_device(device)
     if resolved.type == "cuda":
         torch.cuda.set_device(resolved)
@@ -67,6 +73,25 @@ def gradient_sync(model: nn.Module, enabled: bool) -> contextlib.AbstractContext
 def all_reduce_sum(tensor: Tensor, runtime: Runtime) -> Tensor:
     """Sum `tensor` over all processes; the identity with one process."""
     return tensor
+
+
+def gather_objects(obj: Any, runtime: Runtime) -> list[Any]:
+    """Every process's `obj`, indexed by rank; `[obj]` with one process."""
+    return [obj]
+
+
+def train_sampler(dataset: Dataset, seed: int, generator: torch.Generator) -> Sampler:
+    """Shuffled sample indices drawn from `generator` (whose state a resume restores)."""
+    return RandomSampler(dataset, generator=generator)
+
+
+def eval_sampler(dataset: Dataset) -> Sampler:
+    """Every sample once, in order."""
+    return SequentialSampler(dataset)
+
+
+def set_sampler_epoch(sampler: Sampler, epoch: int) -> None:
+    """Nothing to do: the shuffle comes from the loader's generator alone."""
 
 
 def barrier(runtime: Runtime) -> None:

@@ -44,6 +44,7 @@ from .parallel import (
     Runtime,
     all_reduce_sum,
     barrier,
+    gather_objects,
     gradient_sync,
     init_runtime,
     shutdown_runtime,
@@ -158,6 +159,11 @@ class Trainer:
                 )
             self.notice(f"no checkpoint in {self.checkpoints.directory} yet; starting at step 0")
             return
+        if len(saved["rng"]) != self.runtime.world_size:
+            raise ValueError(
+                f"cannot resume {len(saved['rng'])}-process checkpoints with "
+                f"{self.runtime.world_size} processes; launch as many as the checkpoint had"
+            )
         saved_config = saved["config"]
         changed = [k for k in RESUME_INVARIANTS if saved_config[k] != getattr(self.config, k)]
         if changed:
@@ -173,7 +179,7 @@ class Trainer:
         self.scheduler.load_state_dict(saved["scheduler"])
         self.precision.load_state_dict(saved["precision"])
         self.state = TrainState(**saved["progress"])
-        self.pending_rng = saved["rng"]  # restored once the interrupted epoch is replayed
+        self.pending_rng = saved["rng"][self.runtime.rank]  # restored after the epoch replay
         self.resumed_from = saved["path"]
 
     def check_fresh_start(self) -> None:
@@ -195,6 +201,7 @@ class Trainer:
 
     def save_checkpoint(self, is_best: bool) -> None:
         """Every process calls this; the main process writes, the others wait at the barrier."""
+        rng_states = gather_objects(capture_rng_state(), self.runtime)  # one per rank
         if self.runtime.is_main:
             state = {
                 "model": self.model.state_dict(),
@@ -202,7 +209,7 @@ class Trainer:
                 "scheduler": self.scheduler.state_dict(),
                 "precision": self.precision.state_dict(),
                 "progress": self.state.to_dict(),
-                "rng": capture_rng_state(),
+                "rng": rng_states,
                 "config": self.config.to_dict(),
             }
             self.checkpoints.save(state, self.state.step, is_best)
@@ -236,7 +243,9 @@ class Trainer:
         """Run the rest of the current epoch; False when `stop_after_steps` stopped it early."""
         config, state = self.config, self.state
         iterator = TimedIterator(
-            epoch_iterator(self.train_loader, state.epoch_generator_state, state.batch_in_epoch)
+            epoch_iterator(
+                self.train_loader, state.epoch, state.epoch_generator_state, state.batch_in_epoch
+            )
         )
         if self.pending_rng is not None:  # after the replay, so replayed reads shift no stream
             restore_rng_state(self.pending_rng)
@@ -282,7 +291,8 @@ class Trainer:
 
     def log_step(self, loss: Tensor, grad_norm: Tensor, bar: tqdm) -> None:
         """Sync the step's loss to the host (the only `.item()` of the loop) and log it."""
-        loss_value = loss.item()
+        world = self.runtime.world_size  # every rank logs the same steps: a safe collective
+        loss_value = all_reduce_sum(loss.detach().clone(), self.runtime).item() / world
         if not math.isfinite(loss_value):  # checked when logging, so no extra sync per step
             raise FloatingPointError(
                 f"loss is {loss_value} at step {self.state.step}; lower lr, check inputs and "
@@ -344,6 +354,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         return trainer.fit()
     finally:
+        del trainer  # free DDP's reducer before the process group goes (see shutdown_runtime)
         shutdown_runtime(runtime)
 
 

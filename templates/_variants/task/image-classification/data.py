@@ -15,9 +15,10 @@ import numpy as np
 import torch
 from sklearn.datasets import load_digits
 from torch import Tensor
-from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset
 
 from .config import Config
+from .parallel import eval_sampler, set_sampler_epoch, train_sampler
 
 NUM_CLASSES = 10
 IMAGE_SHAPE = (1, 8, 8)
@@ -102,15 +103,16 @@ def seed_worker(worker_id: int) -> None:
 
 
 def make_train_loader(dataset: Dataset, config: Config, pin_memory: bool = False) -> DataLoader:
-    """Shuffled loader of `micro_batch_size` batches (last partial batch dropped).
+    """Shuffled loader of this process's `micro_batch_size` batches (last partial one dropped).
 
-    One `torch.Generator` seeded with `config.seed` drives both the shuffle and the workers'
-    base seed; `epoch_iterator` restores it to replay an epoch exactly. Workers are not
-    persistent: a persistent worker's RNG would carry over epochs and could not be replayed.
+    One `torch.Generator` seeded with `config.seed` drives the workers' base seeds (and the
+    shuffle, unless the strategy's sampler shuffles by seed and epoch); `epoch_iterator`
+    restores it to replay an epoch exactly. Workers are not persistent: a persistent worker's
+    RNG would carry over epochs and could not be replayed.
     """
     generator = torch.Generator().manual_seed(config.seed)
     sampler = BatchSampler(
-        RandomSampler(dataset, generator=generator), config.micro_batch_size, drop_last=True
+        train_sampler(dataset, config.seed, generator), config.micro_batch_size, drop_last=True
     )
     return DataLoader(
         dataset,
@@ -124,17 +126,18 @@ def make_train_loader(dataset: Dataset, config: Config, pin_memory: bool = False
 
 
 def make_eval_loader(dataset: Dataset, config: Config, pin_memory: bool = False) -> DataLoader:
-    """Validation loader in a fixed order, every sample once (the last batch may be smaller)."""
-    sampler = BatchSampler(SequentialSampler(dataset), config.micro_batch_size, drop_last=False)
+    """Validation loader: this process's share, each sample once (the last batch may be smaller)."""
+    sampler = BatchSampler(eval_sampler(dataset), config.micro_batch_size, drop_last=False)
     return DataLoader(dataset, sampler=sampler, batch_size=None, pin_memory=pin_memory)
 
 
-def epoch_iterator(loader: DataLoader, generator_state: Tensor, skip: int) -> Iterator:
-    """Start an epoch from the loader generator's state at that epoch's start; skip `skip` batches.
+def epoch_iterator(loader: DataLoader, epoch: int, generator_state: Tensor, skip: int) -> Iterator:
+    """Start `epoch` from the loader generator's state at that epoch's start; skip `skip` batches.
 
     Skipping reads the batches (not just offsets the sampler), so workers' random streams are
     replayed too and the next batch is bitwise the one the interrupted run would have read.
     """
+    set_sampler_epoch(loader.sampler.sampler, epoch)
     loader.generator.set_state(generator_state)
     iterator = iter(loader)
     for _ in range(skip):

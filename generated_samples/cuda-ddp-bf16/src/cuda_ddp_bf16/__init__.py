@@ -1,0 +1,1 @@
+"""cuda-ddp-bf16: image classification training project rendered by scaffold."""
