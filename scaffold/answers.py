@@ -40,7 +40,7 @@ QUESTIONS: tuple[Question, ...] = (
         str,
         "image-classification",
         ("image-classification", "language-model"),
-        ("image-classification",),
+        ("image-classification", "language-model"),
     ),
     Question("hardware", "Hardware", str, "cpu", ("cpu", "cuda", "mps"), ("cpu", "cuda")),
     Question(

@@ -39,4 +39,6 @@ VARIANTS["cuda-ddp-bf16"] = {
     "gpus_per_node": 8,
 }
 VARIANTS["multinode-ddp-bf16"] = {**VARIANTS["cuda-ddp-bf16"], "num_nodes": 2}
+VARIANTS["lm-cpu-single-fp32"] = {**VARIANTS["cpu-single-fp32"], "task": "language-model"}
+VARIANTS["lm-ddp-bf16"] = {**VARIANTS["cuda-ddp-bf16"], "task": "language-model"}
 DEFAULT_VARIANT = "cpu-single-fp32"

@@ -41,7 +41,7 @@ def new_template(tmp_path_factory) -> Path:
     text = train.read_text()
     assert LOOP_LINE in text
     train.write_text(text.replace(LOOP_LINE, LOOP_FIX))
-    config = template / "project" / "configs" / "train.toml.jinja"
+    config = template / "_variants" / "task" / "image-classification" / "train.toml"
     text = config.read_text()
     assert CONFIG_LINE in text
     config.write_text(text.replace(CONFIG_LINE, CONFIG_FIX))

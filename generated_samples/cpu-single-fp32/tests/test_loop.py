@@ -44,10 +44,10 @@ def test_accumulated_micro_batches_equal_one_big_batch(config):
     seed_everything(config.seed)
     model = build_model(config)
     _, val_set = build_datasets(config)
-    images, labels = val_set[list(range(64))]
-    micro = [(images[i : i + 16], labels[i : i + 16]) for i in range(0, 64, 16)]
+    inputs, targets = val_set[list(range(64))]
+    micro = [(inputs[i : i + 16], targets[i : i + 16]) for i in range(0, 64, 16)]
     accumulated, _ = gradients_after_step(copy.deepcopy(model), micro)
-    whole, _ = gradients_after_step(copy.deepcopy(model), [(images, labels)])
+    whole, _ = gradients_after_step(copy.deepcopy(model), [(inputs, targets)])
     precision = PrecisionPolicy(CPU)
     for a, b in zip(accumulated, whole, strict=True):
         assert torch.isfinite(a).all()

@@ -17,15 +17,15 @@ from cpu_single_fp32.train import seed_everything, train_step
 
 def one_batch(config, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     _, val_set = build_datasets(config)
-    return val_set[list(range(size))]
+    return val_set[list(range(min(size, len(val_set))))]
 
 
 def test_initial_loss_is_ln_num_classes(config):
     seed_everything(config.seed)
     model = build_model(config).eval()
-    images, labels = one_batch(config, 256)
+    inputs, targets = one_batch(config, 256)
     with torch.no_grad():
-        loss = loss_fn(model(images), labels).item()
+        loss = loss_fn(model(inputs), targets).item()
     assert abs(loss - math.log(NUM_CLASSES)) < 0.15, loss
 
 
@@ -35,10 +35,10 @@ def test_overfits_one_batch(config):
     device = torch.device("cpu")
     model = build_model(config)
     optimizer = build_optimizer(model, config)
-    steps = 150
+    steps = 250
     scheduler = build_scheduler(optimizer, config, total_steps=steps)
     precision = PrecisionPolicy(device)
-    batch = one_batch(config, 32)
+    batch = one_batch(config, 8)  # the seeds: a model that cannot memorise 8 examples has a bug
     for _ in range(steps):
         loss, _ = train_step(
             model, [batch], 1, optimizer, scheduler, precision, device, config.max_grad_norm

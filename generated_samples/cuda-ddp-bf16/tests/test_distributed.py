@@ -8,15 +8,20 @@ import os
 import socket
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import TEST_OVERRIDES
+from cuda_ddp_bf16.config import Config
 from cuda_ddp_bf16.precision import PrecisionPolicy
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-COMPARABLE = ["augment=false", "dropout=0.0", "log_every=1", "grad_accum_steps=2", "epochs=2"]
+# Random augmentation and dropout would draw differently per rank: switch them off to compare.
+RANDOMNESS_OFF = ["augment=false"] if "augment" in {f.name for f in fields(Config)} else []
+COMPARABLE = [*RANDOMNESS_OFF, "dropout=0.0", "log_every=1", "grad_accum_steps=2", "epochs=2"]
 
 
 def launcher_env(tmp_path: Path) -> dict[str, str]:
@@ -31,7 +36,8 @@ def launcher_env(tmp_path: Path) -> dict[str, str]:
 
 def torchrun(tmp_path: Path, nproc: int, *args: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += [f"--nproc-per-node={nproc}", "-m", "cuda_ddp_bf16.train", "device=cpu", *args]
+    command += [f"--nproc-per-node={nproc}", "-m", "cuda_ddp_bf16.train", "device=cpu"]
+    command += [*TEST_OVERRIDES, *args]
     result = subprocess.run(
         command, cwd=PROJECT_ROOT, env=launcher_env(tmp_path), capture_output=True, text=True,
         timeout=600,
@@ -113,7 +119,8 @@ def test_two_nodes_of_one_process_each_on_this_machine(tmp_path):
         "RUN_ID": f"test-{os.getpid()}",
     }  # fmt: skip
     run_dir = tmp_path / "multinode"
-    command = ["bash", "launch/multinode.sh", "device=cpu", "epochs=1", f"run_dir='{run_dir}'"]
+    command = ["bash", "launch/multinode.sh", "device=cpu", "epochs=1", *TEST_OVERRIDES]
+    command += [f"run_dir='{run_dir}'"]
     nodes = [
         subprocess.Popen(command, cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)

@@ -38,6 +38,23 @@ def peak_memory_bytes(device: torch.device) -> int:
     return max_rss if sys.platform == "darwin" else max_rss * 1024  # Linux reports KiB
 
 
+# Dense bf16/fp16 tensor-core peaks (FLOP/s) from the vendors' data sheets, by device name.
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12}
+PEAK_FLOPS |= {"A10G": 70e12, "A10": 125e12, "V100": 125e12, "T4": 65e12, "RTX 4090": 165e12}
+
+
+def model_flops_utilization(flops_per_second: float | None, device: torch.device) -> float | None:
+    """Achieved model FLOP/s over the GPU's peak (PaLM, Chowdhery et al. 2022, appendix B).
+
+    None on CPU or on a GPU missing from `PEAK_FLOPS`.
+    """
+    if flops_per_second is None or device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    peak = next((value for key, value in PEAK_FLOPS.items() if key in name), None)
+    return None if peak is None else flops_per_second / peak
+
+
 def git_commit() -> str:
     """Short commit hash of the working directory's repository, or 'unknown'."""
     try:
@@ -117,12 +134,21 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"**Results:** val accuracy {summary['val_accuracy']:.4f}, val loss "
         f"{summary['val_loss']:.4f}; best {config['monitor']} {best['value']:.4f} at step "
         f"{best['step']} (epoch {best['epoch']}); checkpoint {summary['checkpoint']}",
-        f"**Throughput:** {summary['samples_per_second']:,.0f} samples/s | data-loader time share "
+        f"**Throughput:** {summary['samples_per_second']:,.0f} samples/s{_token_rates(summary)} | "
+        "data-loader time share "
         f"{summary['data_time_share']:.1%} | peak memory "
         f"{summary['peak_memory_bytes'] / 2**20:,.0f} MiB | "
         f"train time {summary['train_seconds']:.1f} s",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _token_rates(summary: dict[str, Any]) -> str:
+    if "tokens_per_second" not in summary:
+        return ""
+    mfu = summary.get("mfu")
+    mfu_text = "n/a (no GPU peak known)" if mfu is None else f"{mfu:.1%}"
+    return f", {summary['tokens_per_second']:,.0f} tokens/s, MFU {mfu_text}"
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> str:

@@ -27,7 +27,6 @@ class Config:
     run_dir: str = "runs/digits"
     device: str = "auto"
     val_fraction: float = 0.2
-    augment: bool = True
     num_workers: int = 0
     model_size: str = "100K"
     dropout: float = 0.1
@@ -48,6 +47,8 @@ class Config:
     keep_last: int = 3
     log_every: int = 10
     stop_after_steps: int = 0
+    # Task: image classification on the 8x8 digits.
+    augment: bool = True
 
     def __post_init__(self) -> None:
         positive = ("epochs", "micro_batch_size", "grad_accum_steps", "lr", "max_grad_norm")

@@ -29,15 +29,9 @@ from tqdm import tqdm
 
 from .checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
 from .config import RESUME_INVARIANTS, Config, load_config
-from .data import (
-    NUM_CLASSES,
-    TimedIterator,
-    build_datasets,
-    epoch_iterator,
-    make_eval_loader,
-    make_train_loader,
-)
-from .model import build_model, eval_sums, loss_fn
+from .data import NUM_CLASSES, build_datasets
+from .loader import TimedIterator, epoch_iterator, make_eval_loader, make_train_loader
+from .model import build_model, eval_sums, loss_fn, throughput
 from .optim import build_optimizer, build_scheduler
 from .parallel import (
     STRATEGY,
@@ -52,7 +46,7 @@ from .parallel import (
 )
 from .precision import PrecisionPolicy
 from .progress import TrainState
-from .report import MetricsLog, build_summary, write_summary
+from .report import MetricsLog, build_summary, model_flops_utilization, write_summary
 
 
 def seed_everything(seed: int) -> None:
@@ -321,6 +315,10 @@ class Trainer:
             expected_initial_loss=math.log(NUM_CLASSES),
             resumed_from=self.resumed_from,
         )
+        summary |= throughput(summary["samples_per_second"], self.config, self.model)
+        if "model_flops_per_second" in summary:
+            flops = summary["model_flops_per_second"]
+            summary["mfu"] = model_flops_utilization(flops, self.runtime.device)
         if self.runtime.is_main:
             print(write_summary(self.run_dir, summary), end="")
         return summary

@@ -37,6 +37,10 @@ class DigitsCNN(nn.Module):
     def forward(self, images: Tensor) -> Tensor:
         return self.head(self.features(images))
 
+    def shard_units(self) -> list[nn.Module]:
+        """Submodules that sharded strategies wrap one by one, before the whole model."""
+        return [module for module in self.features if isinstance(module, nn.Sequential)]
+
 
 def _conv_block(in_channels: int, out_channels: int) -> nn.Sequential:
     return nn.Sequential(
@@ -84,3 +88,8 @@ def build_model(config: Config) -> DigitsCNN:
     """The example model at the width whose parameter count best reaches `config.model_size`."""
     width = width_for_param_count(parse_param_count(config.model_size))
     return DigitsCNN(width, dropout=config.dropout)
+
+
+def throughput(samples_per_second: float, config: Config, model: nn.Module) -> dict[str, float]:
+    """Task-specific rates for the run summary: none beyond samples/s for images."""
+    return {}

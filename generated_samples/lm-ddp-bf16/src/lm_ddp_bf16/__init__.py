@@ -1,0 +1,1 @@
+"""lm-ddp-bf16: language model training project rendered by scaffold."""

@@ -1,0 +1,2 @@
+    # Task: image classification on the 8x8 digits.
+    augment: bool = True

@@ -1,0 +1,1 @@
+TEST_SETTINGS: dict[str, object] = {}  # the digits are small already

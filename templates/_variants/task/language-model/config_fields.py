@@ -1,0 +1,4 @@
+    # Task: byte-level language model.
+    block_size: int = 64
+    corpus_bytes: int = 300_000
+    text_path: str = ""

@@ -1,0 +1,1 @@
+TEST_SETTINGS: dict[str, object] = {"corpus_bytes": 60_000}
