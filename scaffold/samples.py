@@ -44,7 +44,11 @@ def render_variant(name: str, dest: Path, init_git: bool = False) -> None:
 
 
 def write_samples(root: Path) -> list[str]:
-    """Re-render every variant into `root/<name>`, replacing what was there; return the names."""
+    """Re-render every variant into `root/<name>`, replacing what was there, and remove the
+    samples of variants that no longer exist; return the names."""
+    for stale in root.iterdir() if root.is_dir() else ():
+        if stale.is_dir() and stale.name not in VARIANTS:
+            shutil.rmtree(stale)
     with fresh_template_cache(), tempfile.TemporaryDirectory() as scratch:
         for name in VARIANTS:
             render_variant(name, Path(scratch) / name)

@@ -86,3 +86,12 @@ def test_every_variant_is_valid_and_fully_resolved(name):
     resolved = plan(build_answers(merge_sources(VARIANTS[name], {"project_name": "x"}))).answers
     assert resolved.precision != "auto" and resolved.strategy != "auto"
     assert set(VARIANTS[name]) | {"project_name"} == {q.key for q in QUESTIONS}
+
+
+def test_variants_cover_every_renderable_value():
+    for question in QUESTIONS:
+        if question.key in ("hardware", "strategy", "precision", "framework", "task"):
+            wanted = set(question.renderable) - {"auto"}
+            covered = {answers[question.key] for answers in VARIANTS.values()}
+            assert wanted <= covered, f"{question.key}: no variant renders {wanted - covered}"
+    assert len(VARIANTS) >= 10

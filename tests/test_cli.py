@@ -13,6 +13,7 @@ from conftest import REPO_ROOT, run_scaffold
 
 DEFAULT_FILES = {
     ".copier-answers.yml",
+    ".github/workflows/tests.yml",
     ".gitignore",
     "README.md",
     "pyproject.toml",

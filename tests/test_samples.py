@@ -17,3 +17,30 @@ def test_every_variant_has_a_sample():
 def test_samples_match_a_fresh_render():
     stale = stale_sample_files(SAMPLES)
     assert stale == [], "re-render with `scaffold samples`; stale: " + ", ".join(stale)
+
+
+def test_new_with_a_variant_into_a_folder_of_its_name_equals_its_sample(tmp_path):
+    from conftest import run_scaffold
+
+    name = "cuda-ddp-bf16"
+    result = run_scaffold("new", name, "--variant", name, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rendered = {
+        str(p.relative_to(tmp_path / name)): p.read_bytes()
+        for p in (tmp_path / name).rglob("*")
+        if p.is_file() and ".git" not in p.relative_to(tmp_path / name).parts
+    }
+    sample = {
+        str(p.relative_to(SAMPLES / name)): p.read_bytes()
+        for p in (SAMPLES / name).rglob("*")
+        if p.is_file()
+    }
+    assert rendered == sample
+
+
+def test_the_github_matrix_lists_exactly_the_variants():
+    import yaml
+
+    workflow = Path(__file__).resolve().parents[1] / ".github" / "workflows" / "variants.yml"
+    jobs = yaml.safe_load(workflow.read_text())["jobs"]
+    assert jobs["variant"]["strategy"]["matrix"]["variant"] == list(VARIANTS)

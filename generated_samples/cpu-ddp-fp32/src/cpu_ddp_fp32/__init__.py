@@ -1,0 +1,1 @@
+"""cpu-ddp-fp32: image classification training project rendered by scaffold."""

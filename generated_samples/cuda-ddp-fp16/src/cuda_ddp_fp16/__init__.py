@@ -1,0 +1,1 @@
+"""cuda-ddp-fp16: image classification training project rendered by scaffold."""
