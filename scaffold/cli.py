@@ -165,6 +165,9 @@ def cmd_update(args: argparse.Namespace) -> int:
             print(f"  {path}", file=sys.stderr)
         print("resolve the <<<<<<< markers, then git add and commit", file=sys.stderr)
         return EXIT_CONFLICTS
+    if not result.changed:
+        print(f"already up to date with {result.new_tag}; nothing changed")
+        return 0
     how = "re-rendered" if args.recopy else "updated"
     versions = f"from {result.old_tag} to {result.new_tag}"
     print(f"{how} {args.dest.resolve()} {versions}; review with git diff, then commit")

@@ -43,23 +43,45 @@ class UpdateResult:
     old_tag: str
     new_tag: str
     conflicts: list[str] = field(default_factory=list)
+    changed: bool = False
     notes: list[str] = field(default_factory=list)
     diff: str = ""
+
+
+def find_project(start: Path) -> Path:
+    """The nearest folder at or above `start` that holds an answers file.
+
+    Raises:
+        ProjectError: none does, so `start` is not inside a scaffold project.
+    """
+    start = start.resolve()
+    for folder in (start, *start.parents):
+        if (folder / ANSWERS_FILE).is_file():
+            return folder
+    raise ProjectError(
+        f"{start} is not in a scaffold project (no {ANSWERS_FILE} here or above); "
+        "run scaffold update inside a project made by scaffold new"
+    )
 
 
 def recorded_answers(project: Path) -> dict[str, Any]:
     """The answers file's content (answers plus copier's `_commit` and `_src_path`).
 
     Raises:
-        ProjectError: the folder has no answers file, so it is not a scaffold project.
+        ProjectError: the file is not a YAML mapping.
     """
     path = project / ANSWERS_FILE
-    if not path.is_file():
+    try:
+        recorded = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        line = getattr(getattr(error, "problem_mark", None), "line", -1) + 1
         raise ProjectError(
-            f"{project} is not a scaffold project (no {ANSWERS_FILE}); "
-            "run scaffold update inside a project made by scaffold new"
-        )
-    return yaml.safe_load(path.read_text()) or {}
+            f"{path} is not valid YAML (line {line}); "
+            f"restore it with git checkout -- {ANSWERS_FILE}"
+        ) from None
+    if not isinstance(recorded, dict):
+        raise ProjectError(f"{path} holds no answers; restore it with git checkout")
+    return recorded
 
 
 def check_updatable(project: Path, recorded: Mapping[str, Any], version: str) -> Version:
@@ -100,8 +122,18 @@ def _version_of(tag: str) -> Version:
 
 
 def updated_answers(recorded: Mapping[str, Any], data: Mapping[str, str]) -> Answers:
-    """Recorded answers with `data` on top, validated and planned like `scaffold new`."""
+    """Recorded answers with `data` on top, validated and planned like `scaffold new`.
+
+    Raises:
+        ProjectError: `data` renames the project (the package folder would be re-created and
+            the owner's edits in it left behind).
+    """
     previous = {k: v for k, v in recorded.items() if not k.startswith("_") and k != "package_name"}
+    if "project_name" in data and data["project_name"] != previous.get("project_name"):
+        raise ProjectError(
+            "an update cannot rename the project (edits in the package would be lost); "
+            "rename the package by hand, with git mv, instead"
+        )
     return plan(build_answers(merge_sources(data, previous))).answers
 
 
@@ -126,6 +158,7 @@ def update_project(
             template version is nowhere to be found (then `--recopy` is the way out).
         AnswerError: `data` holds an invalid answer.
     """
+    project = find_project(project)
     recorded = recorded_answers(project)
     old = check_updatable(project, recorded, version)
     answers = updated_answers(recorded, data or {})
@@ -144,6 +177,7 @@ def update_project(
         return result
     _run_copier(project, answers, new_tag, ask, recopy)
     result.conflicts = conflicted_files(project)
+    result.changed = bool(run_git("status", "--porcelain", cwd=project))
     keep_template_in_project(project, source, new_tag)
     return result
 

@@ -137,7 +137,7 @@ def make_no_git(project: Path) -> None:
 
 REFUSALS = {
     "dirty": (make_dirty, "uncommitted"),
-    "not-a-project": (make_not_a_project, "not a scaffold project"),
+    "not-a-project": (make_not_a_project, "not in a scaffold project"),
     "downgrade": (make_downgrade, "newer than the installed"),
     "no-git": (make_no_git, "no git repository"),
 }
@@ -261,3 +261,29 @@ def test_the_wheel_ships_the_template_with_its_dotfiles(tmp_path):
     assert "scaffold/templates/project/.gitignore" in names
     assert "scaffold/templates/project/.github/workflows/tests.yml" in names
     assert not any("__pycache__" in name for name in names)
+
+
+def break_answers(project: Path) -> None:
+    with open(project / ".copier-answers.yml", "a") as answers:
+        answers.write(": [\n")
+    commit_all(project, "broken answers")
+
+
+def test_broken_answers_file_and_renaming_are_refused(project, new_template):
+    before = snapshot(project)
+    renamed = update(project, new_template, "--data", "project_name=other")
+    assert renamed.returncode == 2 and "rename" in renamed.stderr
+    assert snapshot(project) == before
+    break_answers(project)
+    broken = update(project, new_template)
+    assert broken.returncode == 2 and "not valid YAML" in broken.stderr
+    assert len(broken.stderr.strip().splitlines()) == 1
+
+
+def test_update_from_a_subfolder_finds_the_project(project, new_template):
+    result = run_scaffold(
+        "update", "--template", str(new_template), "--template-version", NEW_VERSION,
+        cwd=project / "src" / "demo",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert LOOP_FIX in (project / "src" / "demo" / "train.py").read_text()

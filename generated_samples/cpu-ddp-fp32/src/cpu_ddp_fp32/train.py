@@ -113,9 +113,13 @@ class Trainer:
         self.run_dir = Path(config.run_dir)
         pin = runtime.device.type == "cuda"
         train_set, val_set = build_datasets(config)
-        self.train_loader = make_train_loader(train_set, config, pin_memory=pin)
+        if len(val_set) == 0:
+            raise ValueError("the validation split is empty; raise val_fraction or the data size")
+        self.train_loader = make_train_loader(train_set, config, runtime.rank, pin_memory=pin)
         self.val_loader = make_eval_loader(val_set, config, pin_memory=pin)
         self.model = build_model(config).to(runtime.device)  # the bare module, saved as is
+        # The same initial weights on every rank; from here on, per-rank dropout streams.
+        seed_everything(config.seed + runtime.rank)
         self.optimizer = build_optimizer(self.model, config)
         self.batches_per_epoch = len(self.train_loader)
         if self.batches_per_epoch == 0:
@@ -126,6 +130,8 @@ class Trainer:
         self.steps_per_epoch = math.ceil(self.batches_per_epoch / config.grad_accum_steps)
         total_steps = config.epochs * self.steps_per_epoch
         self.scheduler = build_scheduler(self.optimizer, config, total_steps)
+        if config.warmup_steps >= total_steps:
+            self.notice(f"warmup_steps={config.warmup_steps} covers all {total_steps} steps")
         self.precision = PrecisionPolicy(runtime.device)
         self.state = TrainState(epoch_generator_state=self.train_loader.generator.get_state())
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", config.keep_last)

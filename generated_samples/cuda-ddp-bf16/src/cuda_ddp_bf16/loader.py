@@ -29,15 +29,18 @@ def seed_worker(worker_id: int) -> None:
     random.seed(worker_seed)
 
 
-def make_train_loader(dataset: Dataset, config: Config, pin_memory: bool = False) -> DataLoader:
+def make_train_loader(
+    dataset: Dataset, config: Config, rank: int = 0, pin_memory: bool = False
+) -> DataLoader:
     """Shuffled loader of this process's `micro_batch_size` batches (last partial one dropped).
 
-    One `torch.Generator` seeded with `config.seed` drives the workers' base seeds (and the
-    shuffle, unless the strategy's sampler shuffles by seed and epoch); `epoch_iterator`
-    restores it to replay an epoch exactly. Workers are not persistent: a persistent worker's
-    RNG would carry over epochs and could not be replayed.
+    One `torch.Generator` seeded with `config.seed + rank` drives the workers' base seeds, so
+    ranks draw different augmentations (and the shuffle, unless the strategy's sampler shuffles
+    by seed and epoch, the same on every rank); `epoch_iterator` restores it to replay an epoch
+    exactly. Workers are not persistent: a persistent worker's RNG would carry over epochs and
+    could not be replayed.
     """
-    generator = torch.Generator().manual_seed(config.seed)
+    generator = torch.Generator().manual_seed(config.seed + rank)
     sampler = BatchSampler(
         train_sampler(dataset, config.seed, generator), config.micro_batch_size, drop_last=True
     )

@@ -8,7 +8,7 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 
 @dataclass(frozen=True)
@@ -49,9 +49,11 @@ class Config:
     stop_after_steps: int = 0
     # Task: image classification on the 8x8 digits.
     augment: bool = True
+    task_positive_keys: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self) -> None:
         positive = ("epochs", "micro_batch_size", "grad_accum_steps", "lr", "max_grad_norm")
+        positive += self.task_positive_keys
         for key in positive:
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
@@ -88,7 +90,12 @@ class Config:
 TYPE_NAMES = {int: "a whole number", float: "a number", bool: "true or false", str: "a string"}
 
 # Settings a resume must share with the checkpoint: they fix the data order and model shape.
+# Settings a resume must share with the checkpoint: they fix the data order, the model's shape,
+# and the optimizer and LR schedule that the checkpoint restores (a changed lr or epochs would
+# be recorded but not applied). To change them, start a new run_dir from the saved weights.
 RESUME_INVARIANTS = ("seed", "model_size", "micro_batch_size", "grad_accum_steps", "val_fraction")
+RESUME_INVARIANTS += ("epochs", "lr", "min_lr_ratio", "warmup_steps", "weight_decay")
+RESUME_INVARIANTS += ("beta1", "beta2")
 
 
 def parse_param_count(size: str) -> int:

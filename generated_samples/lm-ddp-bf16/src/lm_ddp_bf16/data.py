@@ -58,8 +58,9 @@ def read_corpus(config: Config) -> bytes:
     if config.text_path:
         path = Path(config.text_path)
         if not path.is_file():
-            raise ValueError(f"text_path {path} does not exist; point it at a UTF-8 text file")
-        corpus = path.read_bytes()[: config.corpus_bytes]
+            raise ValueError(f"text_path {path} is not a file; point it at a UTF-8 text file")
+        with open(path, "rb") as file:
+            corpus = file.read(config.corpus_bytes)
     else:
         chunks, size = [], 0
         for source in stdlib_sources():
@@ -69,7 +70,10 @@ def read_corpus(config: Config) -> bytes:
                 break
         corpus = b"".join(chunks)[: config.corpus_bytes]
     if len(corpus) < 4 * (config.block_size + 1):
-        raise ValueError(f"the corpus has {len(corpus)} bytes; raise corpus_bytes or block_size")
+        raise ValueError(
+            f"the corpus has {len(corpus)} bytes, too few for block_size={config.block_size}; "
+            "raise corpus_bytes or lower block_size"
+        )
     return corpus
 
 

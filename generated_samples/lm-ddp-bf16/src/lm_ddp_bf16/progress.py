@@ -16,7 +16,8 @@ from .config import MONITOR_MODES
 class TrainState:
     """The loop's position and history; everything a resume needs besides model and optimizer.
 
-    `step` counts optimizer steps, `batch_in_epoch` micro-batches already consumed in `epoch`.
+    `step` counts optimizer steps, `batch_in_epoch` micro-batches already consumed in `epoch`
+    (0-based); epochs in `history` and `best_epoch` count from 1, as the logs and bar do.
     `epoch_generator_state` is the loader generator's state at the start of `epoch` (taken
     before `iter()`): replaying from it reproduces the epoch's order and worker seeds.
     """
@@ -38,13 +39,13 @@ class TrainState:
 
     def record_validation(self, metrics: dict[str, float], monitor: str) -> bool:
         """Append `metrics` to the history; return True when `monitor` improved on the best."""
-        self.history.append({"epoch": self.epoch, "step": self.step, **metrics})
+        self.history.append({"epoch": self.epoch + 1, "step": self.step, **metrics})
         value = metrics[monitor]
         better = (
             value < self.best_value if MONITOR_MODES[monitor] == "min" else value > self.best_value
         )
         if math.isnan(self.best_value) or better:
-            self.best_value, self.best_step, self.best_epoch = value, self.step, self.epoch
+            self.best_value, self.best_step, self.best_epoch = value, self.step, self.epoch + 1
             self.epochs_without_improvement = 0
             return True
         self.epochs_without_improvement += 1
