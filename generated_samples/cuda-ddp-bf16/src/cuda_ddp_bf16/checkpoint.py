@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-REQUIRED_KEYS = ("model", "optimizer", "scheduler", "precision", "progress", "rng", "config")
+REQUIRED_KEYS = ("model", "optimizer", "scheduler", "precision", "progress", "ranks", "config")
 
 
 def capture_rng_state() -> dict[str, Any]:

@@ -159,9 +159,9 @@ class Trainer:
                 )
             self.notice(f"no checkpoint in {self.checkpoints.directory} yet; starting at step 0")
             return
-        if len(saved["rng"]) != self.runtime.world_size:
+        if len(saved["ranks"]) != self.runtime.world_size:
             raise ValueError(
-                f"cannot resume {len(saved['rng'])}-process checkpoints with "
+                f"cannot resume {len(saved['ranks'])}-process checkpoints with "
                 f"{self.runtime.world_size} processes; launch as many as the checkpoint had"
             )
         saved_config = saved["config"]
@@ -179,7 +179,9 @@ class Trainer:
         self.scheduler.load_state_dict(saved["scheduler"])
         self.precision.load_state_dict(saved["precision"])
         self.state = TrainState(**saved["progress"])
-        self.pending_rng = saved["rng"][self.runtime.rank]  # restored after the epoch replay
+        mine = saved["ranks"][self.runtime.rank]  # each rank has its own RNGs and worker seeds
+        self.state.epoch_generator_state = mine["loader_generator"]
+        self.pending_rng = mine["rng"]  # restored after the epoch replay
         self.resumed_from = saved["path"]
 
     def check_fresh_start(self) -> None:
@@ -201,7 +203,8 @@ class Trainer:
 
     def save_checkpoint(self, is_best: bool) -> None:
         """Every process calls this; the main process writes, the others wait at the barrier."""
-        rng_states = gather_objects(capture_rng_state(), self.runtime)  # one per rank
+        mine = {"rng": capture_rng_state(), "loader_generator": self.state.epoch_generator_state}
+        ranks = gather_objects(mine, self.runtime)  # what differs per rank, indexed by rank
         if self.runtime.is_main:
             state = {
                 "model": self.model.state_dict(),
@@ -209,7 +212,7 @@ class Trainer:
                 "scheduler": self.scheduler.state_dict(),
                 "precision": self.precision.state_dict(),
                 "progress": self.state.to_dict(),
-                "rng": rng_states,
+                "ranks": ranks,
                 "config": self.config.to_dict(),
             }
             self.checkpoints.save(state, self.state.step, is_best)
