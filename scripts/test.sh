@@ -5,4 +5,4 @@ source "$(dirname "$0")/_venv.sh"
 cd "$ROOT"
 "$PY" -m ruff check --no-cache .
 "$PY" -m ruff format --check --no-cache .
-exec "$PY" -m pytest -n 2 --durations=15 "$@"
+exec "$PY" -m pytest -n 2 --dist worksteal --durations=15 "$@"
