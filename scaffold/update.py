@@ -9,7 +9,6 @@ commit `scaffold new` kept in the project's git (refs/scaffold/templates/<tag>).
 
 from __future__ import annotations
 
-import subprocess
 import tempfile
 import warnings
 from collections.abc import Mapping
@@ -202,9 +201,7 @@ def _dry_run_diff(project: Path, answers: Answers, tag: str, ask: bool, recopy: 
     """Run the update on a throw-away clone and return `git diff` of what it changed."""
     with tempfile.TemporaryDirectory() as scratch:
         clone = Path(scratch) / project.name
-        subprocess.run(
-            ["git", "clone", "--quiet", str(project), str(clone)], check=True, capture_output=True
-        )
+        run_git("clone", "--quiet", str(project), str(clone), cwd=Path(scratch))
         _run_copier(clone, answers, tag, ask, recopy)
         run_git("add", "--all", cwd=clone)
         return run_git("diff", "--cached", cwd=clone)

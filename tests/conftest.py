@@ -26,6 +26,15 @@ def isolated_home(
     return home
 
 
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder` (its .git excluded), by relative path, with its bytes."""
+    return {
+        str(path.relative_to(folder)): path.read_bytes()
+        for path in folder.rglob("*")
+        if path.is_file() and ".git" not in path.relative_to(folder).parts
+    }
+
+
 def run_scaffold(*args: str, cwd: Path, stdin: str | None = "") -> subprocess.CompletedProcess:
     """`python -m scaffold ARGS` in a child process (no terminal on stdin unless given one)."""
     return subprocess.run(

@@ -5,11 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pexpect
 import pytest
-from conftest import REPO_ROOT, run_scaffold
+from conftest import REPO_ROOT, run_scaffold, snapshot
 
 DEFAULT_FILES = {
     ".copier-answers.yml",
@@ -44,19 +43,11 @@ DEFAULT_FILES = {
 }
 
 
-def project_files(project: Path) -> set[str]:
-    return {
-        str(path.relative_to(project))
-        for path in project.rglob("*")
-        if path.is_file() and ".git" not in path.relative_to(project).parts
-    }
-
-
 def test_new_with_defaults_renders_commits_and_records_answers(tmp_path):
     result = run_scaffold("new", "demo", "--defaults", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     project = tmp_path / "demo"
-    assert project_files(project) == DEFAULT_FILES
+    assert set(snapshot(project)) == DEFAULT_FILES
     answers = (project / ".copier-answers.yml").read_text()
     assert "_src_path: ~/.cache/scaffold/template-repo" in answers
     assert "_commit: v0.1.0" in answers

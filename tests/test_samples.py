@@ -20,21 +20,12 @@ def test_samples_match_a_fresh_render():
 
 
 def test_new_with_a_variant_into_a_folder_of_its_name_equals_its_sample(tmp_path):
-    from conftest import run_scaffold
+    from conftest import run_scaffold, snapshot
 
     name = "cuda-ddp-bf16"
     result = run_scaffold("new", name, "--variant", name, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    rendered = {
-        str(p.relative_to(tmp_path / name)): p.read_bytes()
-        for p in (tmp_path / name).rglob("*")
-        if p.is_file() and ".git" not in p.relative_to(tmp_path / name).parts
-    }
-    sample = {
-        str(p.relative_to(SAMPLES / name)): p.read_bytes()
-        for p in (SAMPLES / name).rglob("*")
-        if p.is_file()
-    }
+    rendered, sample = snapshot(tmp_path / name), snapshot(SAMPLES / name)
     assert rendered == sample
 
 

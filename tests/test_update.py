@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, run_in_project, run_scaffold
+from conftest import REPO_ROOT, run_in_project, run_scaffold, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -64,14 +64,6 @@ def project(tmp_path) -> Path:
 def update(project: Path, template: Path, *args: str):
     args = (*args, "--template", str(template), "--template-version", NEW_VERSION)
     return run_scaffold("update", str(project), *args, cwd=project.parent)
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(folder)): p.read_bytes()
-        for p in folder.rglob("*")
-        if p.is_file() and ".git" not in p.relative_to(folder).parts
-    }
 
 
 def test_clean_update_keeps_the_owners_edit_and_brings_the_fix(project, new_template):
