@@ -43,7 +43,12 @@ def plan(answers: Answers) -> Plan:
     _check_model_size(answers)
     precision = _precision(answers, reasons)
     strategy = _strategy(answers, reasons, warnings)
-    coerce(QUESTION_BY_KEY["strategy"], strategy)  # raises NotAvailableYet for ddp, fsdp2...
+    if strategy == "fsdp2" and precision == "fp16":
+        raise AnswerError(
+            "precision=fp16 with strategy=fsdp2 needs sharded loss scaling, which this template "
+            "does not render; answer precision=bf16 or fp32 (or strategy=ddp)"
+        )
+    coerce(QUESTION_BY_KEY["strategy"], strategy)  # raises NotAvailableYet for zero1, zero3...
     resolved = dataclasses.replace(answers, precision=precision, strategy=strategy)
     return Plan(resolved, tuple(reasons), tuple(warnings))
 
@@ -98,10 +103,10 @@ def _strategy(answers: Answers, reasons: list[str], warnings: list[str]) -> str:
                 f"strategy=single uses one device but {world} GPUs were answered; "
                 "answer gpus_per_node=1 and num_nodes=1, or strategy=ddp"
             )
-        if answers.strategy == "ddp" and world == 1:
+        if answers.strategy in ("ddp", "fsdp2") and world == 1:
             warnings.append(
-                "strategy=ddp with one process adds nothing on its own; launch with "
-                "NPROC_PER_NODE=N bash launch/torchrun.sh (on CPU it runs gloo)"
+                f"strategy={answers.strategy} with one process adds nothing on its own; launch "
+                "with NPROC_PER_NODE=N bash launch/torchrun.sh (on CPU it runs gloo)"
             )
         if not fits:
             warnings.append(

@@ -55,5 +55,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "precision": "bf16",
         "model_size": "1M",
     },
+    "lm-fsdp2-bf16": {
+        **COMMON,
+        **CUDA_AMPERE,
+        "task": "language-model",
+        "strategy": "fsdp2",
+        "gpus_per_node": 8,
+        "precision": "bf16",
+        "model_size": "1M",
+    },
 }
 DEFAULT_VARIANT = "cpu-single-fp32"

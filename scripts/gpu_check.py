@@ -5,8 +5,9 @@
 
 Renders the CUDA variants with `scaffold new --variant` and trains each briefly on the GPU:
 bf16 autocast and fp16 with GradScaler numerics (initial loss near ln(classes), a finite,
-falling loss, validation accuracy), DDP over NCCL with world size 1 (torchrun, one process),
-torch.compile, and the run summary's samples/s, tokens/s and MFU.
+falling loss, validation accuracy), DDP and FSDP2 (bf16 MixedPrecisionPolicy, DCP checkpoints)
+over NCCL with world size 1 (torchrun, one process), torch.compile, and the run summary's
+samples/s, tokens/s and MFU.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ CHECKS = [
     ("DDP, NCCL, world 1", "cuda-ddp-bf16", True, ["epochs=5"]),
     ("torch.compile", "cuda-single-bf16", False, ["epochs=5", "compile=true"]),
     ("LM tokens/s, MFU", "lm-ddp-bf16", True, ["epochs=1"]),
+    ("FSDP2, NCCL, bf16", "lm-fsdp2-bf16", True, ["epochs=1", "checkpoint_every=50"]),
 ]
 
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from scaffold.answers import QUESTIONS, build_answers, merge_sources, package_name_for
-from scaffold.errors import AnswerError, NotAvailableYet
+from scaffold.errors import AnswerError
 from scaffold.planner import plan
 from scaffold.variants import VARIANTS
 
@@ -61,10 +61,17 @@ def test_auto_strategy_with_many_gpus_picks_ddp():
     assert resolved.answers.strategy == "ddp"
 
 
-def test_a_model_too_big_for_each_gpu_needs_fsdp2_which_is_not_available_yet():
-    with pytest.raises(NotAvailableYet, match="strategy=fsdp2"):
-        plan(answers(hardware="cuda", gpu_arch="ampere", gpus_per_node=8, gpu_memory_gb=0.5,
-                     model_size="40M"))  # fmt: skip
+def test_a_model_too_big_for_each_gpu_is_sharded_with_fsdp2():
+    resolved = plan(answers(hardware="cuda", gpu_arch="ampere", gpus_per_node=8,
+                            gpu_memory_gb=0.5, model_size="40M"))  # fmt: skip
+    assert resolved.answers.strategy == "fsdp2"
+    assert any("shard it" in reason for reason in resolved.reasons)
+
+
+def test_fsdp2_with_fp16_is_refused_with_the_way_out():
+    with pytest.raises(AnswerError, match="precision=bf16 or fp32"):
+        plan(answers(hardware="cuda", gpu_arch="volta-turing", gpus_per_node=4,
+                     strategy="fsdp2"))  # fmt: skip
 
 
 def test_forcing_single_on_a_small_gpu_warns_about_memory():

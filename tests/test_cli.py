@@ -18,6 +18,7 @@ DEFAULT_FILES = {
     "pyproject.toml",
     "configs/train.toml",
     "tests/conftest.py",
+    "tests/test_checkpoint.py",
     "tests/test_data.py",
     "tests/test_loader.py",
     "tests/test_loop.py",
@@ -38,6 +39,7 @@ DEFAULT_FILES = {
         "precision",
         "progress",
         "report",
+        "state_io",
         "train",
     )
 }
@@ -87,7 +89,19 @@ BAD_INPUTS = {
     "bad-int": (["x", "--defaults", "--data", "num_nodes=two"], "is not a whole number"),
     "bad-model-size": (["x", "--defaults", "--data", "model_size=big"], "parameter count"),
     "huge-model": (["x", "--defaults", "--data", "model_size=7B"], "too large"),
-    "fsdp2-later": (["x", "--defaults", "--data", "strategy=fsdp2"], "not available yet"),
+    "fsdp2-fp16": (
+        [
+            "x",
+            "--defaults",
+            "--data",
+            "hardware=cuda",
+            "--data",
+            "gpu_arch=volta-turing",
+            "--data",
+            "strategy=fsdp2",
+        ],
+        "precision=bf16 or fp32",
+    ),  # fmt: skip
     "fabric-later": (["x", "--defaults", "--data", "framework=fabric"], "not available yet"),
     "zero3-later": (["x", "--defaults", "--data", "strategy=zero3"], "not available yet"),
     "mps-later": (["x", "--defaults", "--data", "hardware=mps"], "not available yet"),

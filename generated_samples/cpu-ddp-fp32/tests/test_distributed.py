@@ -15,7 +15,9 @@ import pytest
 import torch
 
 from conftest import TEST_OVERRIDES
-from cpu_ddp_fp32.config import Config
+from cpu_ddp_fp32.checkpoint import CheckpointManager
+from cpu_ddp_fp32.config import Config, load_config
+from cpu_ddp_fp32.model import build_model
 from cpu_ddp_fp32.precision import PrecisionPolicy
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -51,8 +53,14 @@ def records(run_dir: Path, kind: str) -> list[dict]:
     return [record for record in map(json.loads, lines) if record["kind"] == kind]
 
 
-def checkpoint(run_dir: Path, name: str = "last.pt") -> dict:
-    return torch.load(run_dir / "checkpoints" / name, weights_only=True)
+def latest_checkpoint(run_dir: Path) -> dict:
+    saved = CheckpointManager(run_dir / "checkpoints", keep_last=1).load_latest()
+    assert saved is not None, f"no checkpoint in {run_dir}"
+    return saved
+
+
+def exported_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "model.pt", weights_only=True)
 
 
 def tolerance() -> dict[str, float]:
@@ -73,8 +81,10 @@ def test_two_processes_match_one_at_the_same_global_batch(tmp_path):
         assert b["val_loss"] == pytest.approx(a["val_loss"], **tolerance())
     summary = json.loads((two / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["global_batch_size"] == 128
-    model = checkpoint(two)["model"]
-    assert not any(key.startswith("module.") for key in model), "unwrapped keys"
+    weights = exported_weights(two)  # one full state dict, whatever the strategy sharded
+    build_model(load_config(PROJECT_ROOT / "configs" / "train.toml")).load_state_dict(
+        weights, strict=True
+    )
 
 
 def test_two_process_resume_mid_epoch_is_bitwise(tmp_path):
@@ -82,13 +92,13 @@ def test_two_process_resume_mid_epoch_is_bitwise(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     torchrun(tmp_path, 2, *common, f"run_dir='{straight.as_posix()}'", "stop_after_steps=16")
     torchrun(tmp_path, 2, *common, f"run_dir='{resumed.as_posix()}'", "stop_after_steps=8")
-    assert checkpoint(resumed)["progress"]["batch_in_epoch"] > 0, "not mid-epoch"
+    assert latest_checkpoint(resumed)["progress"]["batch_in_epoch"] > 0, "not mid-epoch"
     torchrun(tmp_path, 2, *common, f"run_dir='{resumed.as_posix()}'", "stop_after_steps=16",
              "--resume")  # fmt: skip
-    expected, actual = checkpoint(straight), checkpoint(resumed)
-    for key, tensor in expected["model"].items():
-        assert torch.equal(tensor, actual["model"][key]), key
-    assert len(expected["ranks"]) == 2, "RNG and loader states for each rank"
+    expected, actual = exported_weights(straight), exported_weights(resumed)
+    for key, tensor in expected.items():
+        assert torch.equal(tensor, actual[key]), key
+    assert len(latest_checkpoint(resumed)["ranks"]) == 2, "RNG and loader states for each rank"
     assert records(straight, "train") == records(resumed, "train")
 
 

@@ -21,12 +21,12 @@ NO_CLIP = 1e9
 def gradients_after_step(model, micro_batches, precision=None):
     """Run one train_step with a zero-LR SGD (parameters stay put) and return the gradients.
 
-    The model is wrapped as train.py wraps it, so DDP's no_sync path is the one under test.
+    The model is wrapped as train.py wraps it, so the strategy's gradient sync is under test.
     """
-    trained = wrap_model(model, init_runtime("cpu"))
+    precision = precision or PrecisionPolicy(CPU)
+    trained = wrap_model(model, init_runtime("cpu"), precision)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     scheduler = LambdaLR(optimizer, lambda step: 1.0)
-    precision = precision or PrecisionPolicy(CPU)
     _, grad_norm = train_step(
         trained, micro_batches, len(micro_batches), optimizer, scheduler, precision, CPU, NO_CLIP
     )
@@ -46,9 +46,9 @@ def test_accumulated_micro_batches_equal_one_big_batch(config):
     _, val_set = build_datasets(config)
     inputs, targets = val_set[list(range(64))]
     micro = [(inputs[i : i + 16], targets[i : i + 16]) for i in range(0, 64, 16)]
-    accumulated, _ = gradients_after_step(copy.deepcopy(model), micro)
-    whole, _ = gradients_after_step(copy.deepcopy(model), [(inputs, targets)])
     precision = PrecisionPolicy(CPU)
+    accumulated, _ = gradients_after_step(copy.deepcopy(model), micro, precision)
+    whole, _ = gradients_after_step(copy.deepcopy(model), [(inputs, targets)], precision)
     for a, b in zip(accumulated, whole, strict=True):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a, b, **tolerance(precision))

@@ -1,61 +1,22 @@
-"""Atomic checkpoints that resume exactly: last, best and the last N, every RNG state included.
+"""Atomic one-file checkpoints that resume exactly: last, best and the last N.
 
-A checkpoint is written to a temporary file in the same folder, fsynced, then renamed over its
-name with `os.replace`, so a job killed mid-save leaves the previous checkpoint intact. Every
-value is a tensor, number, string, list or dict, so `torch.load(path, weights_only=True)` loads
-it: no pickled code runs on load.
+The main process writes the whole model and optimizer state (every rank holds all of it under
+DDP), with the scheduler, progress, every rank's RNG states and the config, as `step-<N>.pt`.
+Writes are atomic (`state_io.atomic_save`), so a killed job leaves the previous checkpoint whole.
 """
 
 from __future__ import annotations
 
 import os
-import random
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
+from torch import nn
+
+from .state_io import atomic_save, fsync_dir, load_trusted
 
 REQUIRED_KEYS = ("model", "optimizer", "scheduler", "precision", "progress", "ranks", "config")
-
-
-def capture_rng_state() -> dict[str, Any]:
-    """torch (CPU and every CUDA device), numpy and Python `random` states as loadable values.
-
-    numpy's state tuple holds an ndarray, which `weights_only=True` refuses: stored as a list.
-    """
-    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": [kind, keys.tolist(), pos, has_gauss, cached_gaussian],
-        "python": random.getstate(),
-    }
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    """Inverse of `capture_rng_state`."""
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    kind, keys, pos, has_gauss, cached_gaussian = state["numpy"]
-    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
-    version, internal, gauss_next = state["python"]
-    random.setstate((version, tuple(internal), gauss_next))
-
-
-def atomic_save(obj: Any, path: Path) -> None:
-    """`torch.save` to a temporary sibling, fsync it, rename it over `path`, fsync the folder."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as file:
-            torch.save(obj, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
 
 
 def _atomic_link(source: Path, name: Path) -> None:
@@ -67,29 +28,34 @@ def _atomic_link(source: Path, name: Path) -> None:
     except OSError:  # filesystems without hard links
         tmp.write_bytes(source.read_bytes())
     os.replace(tmp, name)
-    _fsync_dir(name.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+    fsync_dir(name.parent)
 
 
 class CheckpointManager:
     """Writes `step-<N>.pt`, keeps the newest `keep_last` of them, and `last.pt` / `best.pt`.
 
-    `last.pt` and `best.pt` are hard links to step files, so pruning never removes them.
+    `last.pt` and `best.pt` are hard links to step files, so pruning never removes them. Only
+    the main process (`is_main`) writes; every process may call every method.
     """
 
-    def __init__(self, directory: str | Path, keep_last: int):
+    def __init__(self, directory: str | Path, keep_last: int, is_main: bool = True):
         self.directory = Path(directory)
         self.keep_last = keep_last
+        self.is_main = is_main
 
-    def save(self, state: dict[str, Any], step: int, is_best: bool) -> Path:
-        """Write `state` for optimizer step `step`; returns the step file's path."""
+    def save(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        extra: dict[str, Any],
+        step: int,
+        is_best: bool,
+    ) -> None:
+        """Write the bare `model`'s and `optimizer`'s states with `extra` for optimizer step
+        `step` (the main process only; the caller holds the others at a barrier)."""
+        if not self.is_main:
+            return
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), **extra}
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"step-{step:08d}.pt"
         atomic_save(state, path)
@@ -99,27 +65,37 @@ class CheckpointManager:
         step_files = self.step_files()
         for stale in step_files[: max(0, len(step_files) - self.keep_last)]:
             stale.unlink()
-        return path
 
     def step_files(self) -> list[Path]:
         """Step checkpoints, oldest first."""
         return sorted(self.directory.glob("step-*.pt"))
 
+    def has_checkpoints(self) -> bool:
+        """True if any checkpoint file exists, loadable or not."""
+        return bool(self.step_files()) or (self.directory / "last.pt").exists()
+
     def load_latest(self, map_location: torch.device | str = "cpu") -> dict[str, Any] | None:
         """The newest checkpoint that loads and holds every required key, or None if none does.
 
         Tries `last.pt`, then step files newest first, so a damaged `last.pt` falls back to the
-        step before it.
+        step before it. The result has its file's `path` and `fallback` (True if not last.pt).
         """
-        candidates = [self.directory / "last.pt", *reversed(self.step_files())]
-        for path in candidates:
-            if not path.is_file():
-                continue
-            try:
-                state = torch.load(path, map_location=map_location, weights_only=True)
-            except Exception:  # a truncated or foreign file: try the next one
-                continue
-            if isinstance(state, dict) and all(key in state for key in REQUIRED_KEYS):
-                state["path"] = str(path)
-                return state
+        last = self.directory / "last.pt"
+        for path in [last, *reversed(self.step_files())]:
+            state = load_trusted(path, REQUIRED_KEYS, map_location) if path.is_file() else None
+            if state is not None:
+                return state | {"path": str(path), "fallback": path != last}
         return None
+
+    def load_weights(
+        self, saved: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> None:
+        """Load a `load_latest` result's model and optimizer states (the bare model's keys)."""
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+
+    def export_model(self, model: nn.Module, path: Path) -> None:
+        """Write the bare `model`'s full state dict to `path` (main process): no wrapper prefix,
+        loads into a plain model with `strict=True`."""
+        if self.is_main:
+            atomic_save(model.state_dict(), path)

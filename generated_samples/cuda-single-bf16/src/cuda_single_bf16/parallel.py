@@ -14,6 +14,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset, RandomSampler, Sampler, SequentialSampler
 
+from .precision import PrecisionPolicy
+
 STRATEGY = "single"
 
 
@@ -60,8 +62,9 @@ def init_runtime(device: str) -> Runtime:
     return Runtime(resolved)
 
 
-def wrap_model(model: nn.Module, runtime: Runtime) -> nn.Module:
-    """Return the module the loop trains; the bare `model` on a single device."""
+def wrap_model(model: nn.Module, runtime: Runtime, precision: PrecisionPolicy) -> nn.Module:
+    """Return the module the loop trains; the bare `model` on a single device (precision is
+    autocast's job, in `precision`)."""
     return model
 
 

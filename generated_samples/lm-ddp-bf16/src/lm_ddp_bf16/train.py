@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from .checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from .checkpoint import CheckpointManager
 from .config import RESUME_INVARIANTS, Config, load_config
 from .data import NUM_CLASSES, build_datasets
 from .loader import TimedIterator, epoch_iterator, make_eval_loader, make_train_loader
@@ -47,6 +47,7 @@ from .parallel import (
 from .precision import PrecisionPolicy
 from .progress import TrainState
 from .report import MetricsLog, build_summary, model_flops_utilization, write_summary
+from .state_io import capture_rng_state, restore_rng_state
 
 
 def seed_everything(seed: int) -> None:
@@ -117,9 +118,12 @@ class Trainer:
             raise ValueError("the validation split is empty; raise val_fraction or the data size")
         self.train_loader = make_train_loader(train_set, config, runtime.rank, pin_memory=pin)
         self.val_loader = make_eval_loader(val_set, config, pin_memory=pin)
-        self.model = build_model(config).to(runtime.device)  # the bare module, saved as is
+        self.model = build_model(config).to(runtime.device)  # the module checkpoints name
         # The same initial weights on every rank; from here on, per-rank dropout streams.
         seed_everything(config.seed + runtime.rank)
+        self.precision = PrecisionPolicy(runtime.device)
+        # Wrapped before the optimizer exists: FSDP2 swaps the parameters for their shards.
+        self.trained = wrap_model(self.model, runtime, self.precision)
         self.optimizer = build_optimizer(self.model, config)
         self.batches_per_epoch = len(self.train_loader)
         if self.batches_per_epoch == 0:
@@ -132,10 +136,10 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, config, total_steps)
         if config.warmup_steps >= total_steps:
             self.notice(f"warmup_steps={config.warmup_steps} covers all {total_steps} steps")
-        self.precision = PrecisionPolicy(runtime.device)
         self.state = TrainState(epoch_generator_state=self.train_loader.generator.get_state())
-        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", config.keep_last)
-        self.trained = wrap_model(self.model, runtime)
+        self.checkpoints = CheckpointManager(
+            self.run_dir / "checkpoints", config.keep_last, is_main=runtime.is_main
+        )
         if config.compile:
             self.trained = torch.compile(self.trained)
         self.log = MetricsLog(self.run_dir / "metrics.jsonl", enabled=runtime.is_main)
@@ -152,7 +156,7 @@ class Trainer:
         """
         saved = self.checkpoints.load_latest(self.runtime.device)
         if saved is None:
-            if self.checkpoints.step_files() or (self.checkpoints.directory / "last.pt").exists():
+            if self.checkpoints.has_checkpoints():
                 raise ValueError(
                     f"no checkpoint in {self.checkpoints.directory} loads (all damaged); "
                     "move the folder away or pass run_dir=NEW"
@@ -172,10 +176,9 @@ class Trainer:
                 f"cannot resume with changed {', '.join(changed)} (the checkpoint has {was}); "
                 "use the checkpoint's values or pass run_dir=NEW"
             )
-        if Path(saved["path"]).name != "last.pt":
-            self.notice(f"last.pt did not load; resuming from {saved['path']}")
-        self.model.load_state_dict(saved["model"])
-        self.optimizer.load_state_dict(saved["optimizer"])
+        if saved["fallback"]:
+            self.notice(f"the last checkpoint did not load; resuming from {saved['path']}")
+        self.checkpoints.load_weights(saved, self.model, self.optimizer)
         self.scheduler.load_state_dict(saved["scheduler"])
         self.precision.load_state_dict(saved["precision"])
         self.state = TrainState(**saved["progress"])
@@ -202,20 +205,17 @@ class Trainer:
             print(message, file=sys.stderr)
 
     def save_checkpoint(self, is_best: bool) -> None:
-        """Every process calls this; the main process writes, the others wait at the barrier."""
+        """Every process calls this: sharded strategies write a part on each rank."""
         mine = {"rng": capture_rng_state(), "loader_generator": self.state.epoch_generator_state}
         ranks = gather_objects(mine, self.runtime)  # what differs per rank, indexed by rank
-        if self.runtime.is_main:
-            state = {
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-                "precision": self.precision.state_dict(),
-                "progress": self.state.to_dict(),
-                "ranks": ranks,
-                "config": self.config.to_dict(),
-            }
-            self.checkpoints.save(state, self.state.step, is_best)
+        extra = {
+            "scheduler": self.scheduler.state_dict(),
+            "precision": self.precision.state_dict(),
+            "progress": self.state.to_dict(),
+            "ranks": ranks,
+            "config": self.config.to_dict(),
+        }
+        self.checkpoints.save(self.model, self.optimizer, extra, self.state.step, is_best)
         barrier(self.runtime)
 
     def fit(self) -> dict[str, Any]:
@@ -240,6 +240,8 @@ class Trainer:
             early_stopped = 0 < patience <= state.epochs_without_improvement
             if state.step == config.stop_after_steps:
                 break
+        # The final weights as one full state dict, for inference or fine-tuning elsewhere.
+        self.checkpoints.export_model(self.model, self.run_dir / "model.pt")
         return self.summary(early_stopped)
 
     def train_epoch(self) -> bool:
@@ -361,7 +363,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         return trainer.fit()
     finally:
-        del trainer  # free DDP's reducer before the process group goes (see shutdown_runtime)
+        del trainer  # free DDP's reducer or FSDP's hooks before the group goes (see shutdown)
         shutdown_runtime(runtime)
 
 
