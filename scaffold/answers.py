@@ -70,7 +70,7 @@ QUESTIONS: tuple[Question, ...] = (
         str,
         "auto",
         ("auto", "single", "ddp", "fsdp2", "zero1", "zero2", "zero3", "zero3-offload"),
-        ("auto", "single", "ddp", "fsdp2"),
+        ("auto", "single", "ddp", "fsdp2", "zero1", "zero2", "zero3"),
     ),
     Question(
         "precision",

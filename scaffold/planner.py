@@ -3,7 +3,7 @@
 Rules (seeds 000 §3, §5; 002 §4): bf16 on Ampere or newer and on request on CPU, no GradScaler;
 fp16 + GradScaler on Volta/Turing; fp32 on CPU by default (bf16 autocast measured 21-25% slower
 than fp32 on a 2-core CPU) and on MPS. Fits on one device -> single (or DDP with more GPUs);
-does not fit -> FSDP2 (or ZeRO-3).
+does not fit -> FSDP2; does not fit even sharded over every GPU -> ZeRO-3 with CPU offload.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from scaffold.errors import AnswerError
 BYTES_PER_PARAM = 16
 USABLE_GPU_FRACTION = 0.6  # room left for activations, the CUDA context and fragmentation
 MAX_IMAGE_MODEL_PARAMS = 50_000_000  # the digits CNN beyond this only burns time
+SHARDED_STRATEGIES = ("fsdp2", "zero1", "zero2", "zero3", "zero3-offload")
 
 
 @dataclass(frozen=True)
@@ -43,12 +44,12 @@ def plan(answers: Answers) -> Plan:
     _check_model_size(answers)
     precision = _precision(answers, reasons)
     strategy = _strategy(answers, reasons, warnings)
-    if strategy == "fsdp2" and precision == "fp16":
+    if strategy in SHARDED_STRATEGIES and precision == "fp16":
         raise AnswerError(
-            "precision=fp16 with strategy=fsdp2 needs sharded loss scaling, which this template "
-            "does not render; answer precision=bf16 or fp32 (or strategy=ddp)"
+            f"precision=fp16 with strategy={strategy} needs sharded loss scaling, which this "
+            "template does not render; answer precision=bf16 or fp32 (or strategy=ddp)"
         )
-    coerce(QUESTION_BY_KEY["strategy"], strategy)  # raises NotAvailableYet for zero1, zero3...
+    coerce(QUESTION_BY_KEY["strategy"], strategy)  # NotAvailableYet if not rendered yet
     resolved = dataclasses.replace(answers, precision=precision, strategy=strategy)
     return Plan(resolved, tuple(reasons), tuple(warnings))
 
@@ -103,7 +104,7 @@ def _strategy(answers: Answers, reasons: list[str], warnings: list[str]) -> str:
                 f"strategy=single uses one device but {world} GPUs were answered; "
                 "answer gpus_per_node=1 and num_nodes=1, or strategy=ddp"
             )
-        if answers.strategy in ("ddp", "fsdp2") and world == 1:
+        if answers.strategy != "single" and world == 1:
             warnings.append(
                 f"strategy={answers.strategy} with one process adds nothing on its own; launch "
                 "with NPROC_PER_NODE=N bash launch/torchrun.sh (on CPU it runs gloo)"
@@ -121,6 +122,13 @@ def _strategy(answers: Answers, reasons: list[str], warnings: list[str]) -> str:
     if fits:
         reasons.append(f"strategy=ddp: the model fits on one GPU; replicate over {world} GPUs")
         return "ddp"
+    if needed_gb > USABLE_GPU_FRACTION * answers.gpu_memory_gb * world:
+        reasons.append(
+            f"strategy=zero3-offload: model state (~{needed_gb:.1f} GB) exceeds "
+            f"{USABLE_GPU_FRACTION:.0%} of all {world} GPUs together; shard it and keep the "
+            "optimizer state and parameters in CPU memory"
+        )
+        return "zero3-offload"
     reasons.append(
         f"strategy=fsdp2: model state (~{needed_gb:.1f} GB) exceeds "
         f"{USABLE_GPU_FRACTION:.0%} of one {answers.gpu_memory_gb:g} GB GPU; shard it"

@@ -5,4 +5,7 @@ source "$(dirname "$0")/_venv.sh"
 cd "$ROOT"
 "$PY" -m ruff check --no-cache .
 "$PY" -m ruff format --check --no-cache .
+# DeepSpeed's CPU ops, compiled once into the cache every test process reads.
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}"
+"$PY" scripts/build_deepspeed_ops.py
 exec "$PY" -m pytest -n 2 --dist worksteal --durations=15 "$@"

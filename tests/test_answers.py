@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from scaffold.answers import QUESTIONS, build_answers, merge_sources, package_name_for
-from scaffold.errors import AnswerError
+from scaffold.errors import AnswerError, NotAvailableYet
 from scaffold.planner import plan
 from scaffold.variants import VARIANTS
 
@@ -66,6 +66,12 @@ def test_a_model_too_big_for_each_gpu_is_sharded_with_fsdp2():
                             gpu_memory_gb=0.5, model_size="40M"))  # fmt: skip
     assert resolved.answers.strategy == "fsdp2"
     assert any("shard it" in reason for reason in resolved.reasons)
+
+
+def test_a_model_too_big_for_all_gpus_together_needs_zero3_offload_not_available_yet():
+    with pytest.raises(NotAvailableYet, match="strategy=zero3-offload"):
+        plan(answers(hardware="cuda", gpu_arch="hopper", gpus_per_node=2, gpu_memory_gb=0.25,
+                     model_size="40M"))  # fmt: skip
 
 
 def test_fsdp2_with_fp16_is_refused_with_the_way_out():

@@ -103,7 +103,19 @@ BAD_INPUTS = {
         "precision=bf16 or fp32",
     ),  # fmt: skip
     "fabric-later": (["x", "--defaults", "--data", "framework=fabric"], "not available yet"),
-    "zero3-later": (["x", "--defaults", "--data", "strategy=zero3"], "not available yet"),
+    "zero3-fp16": (
+        [
+            "x",
+            "--defaults",
+            "--data",
+            "hardware=cuda",
+            "--data",
+            "gpu_arch=volta-turing",
+            "--data",
+            "strategy=zero3",
+        ],
+        "precision=bf16 or fp32",
+    ),  # fmt: skip
     "mps-later": (["x", "--defaults", "--data", "hardware=mps"], "not available yet"),
     "fp16-on-cpu": (["x", "--defaults", "--data", "precision=fp16"], "answer bf16 or fp32"),
     "cuda-without-arch": (["x", "--defaults", "--data", "hardware=cuda"], "gpu_arch"),

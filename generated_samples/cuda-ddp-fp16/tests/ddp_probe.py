@@ -9,7 +9,7 @@ import sys
 import torch
 
 from cuda_ddp_fp16.config import load_config
-from cuda_ddp_fp16.parallel import init_runtime, shutdown_runtime
+from cuda_ddp_fp16.parallel import full_model_state, init_runtime, shutdown_runtime
 from cuda_ddp_fp16.train import Trainer
 
 
@@ -18,7 +18,9 @@ def main(config_path: str, run_dir: str) -> None:
     runtime = init_runtime("cpu")
     trainer = Trainer(dataclasses.replace(config, run_dir=run_dir), runtime)
     trainer.fit()
-    flat = torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
+    # The whole parameters as this rank sees them (gathered where the strategy shards them).
+    state = full_model_state(trainer.model)
+    flat = torch.cat([state[name].flatten() for name, _ in trainer.model.named_parameters()])
     torch.save(flat, f"{run_dir}/params-rank{runtime.rank}.pt")
     del trainer
     shutdown_runtime(runtime)

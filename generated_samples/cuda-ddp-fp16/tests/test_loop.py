@@ -10,7 +10,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from cuda_ddp_fp16.data import build_datasets
 from cuda_ddp_fp16.model import build_model, loss_fn
-from cuda_ddp_fp16.parallel import init_runtime, wrap_model
+from cuda_ddp_fp16.parallel import full_model_state, init_runtime, wrap_model
 from cuda_ddp_fp16.precision import PrecisionPolicy
 from cuda_ddp_fp16.train import seed_everything, train_step
 
@@ -18,19 +18,26 @@ CPU = torch.device("cpu")
 NO_CLIP = 1e9
 
 
-def gradients_after_step(model, micro_batches, precision=None):
-    """Run one train_step with a zero-LR SGD (parameters stay put) and return the gradients.
+def sgd_updates(model, micro_batches, config, precision=None, max_norm=NO_CLIP):
+    """One train_step with plain SGD at lr 1: each parameter moves by minus its (clipped)
+    gradient. Returns (before - after per parameter, the pre-clip gradient norm).
 
-    The model is wrapped as train.py wraps it, so the strategy's gradient sync is under test.
+    The model is wrapped as train.py wraps it, so the strategy's gradient sync, reduction and
+    clipping are the ones under test, wherever the strategy keeps its gradients.
     """
     precision = precision or PrecisionPolicy(CPU)
-    trained = wrap_model(model, init_runtime("cpu"), precision)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    config = dataclasses.replace(config, max_grad_norm=max_norm)
+    trained, optimizer = wrap_model(
+        model, lambda module: torch.optim.SGD(module.parameters(), lr=1.0), init_runtime("cpu"),
+        precision, config,
+    )  # fmt: skip
     scheduler = LambdaLR(optimizer, lambda step: 1.0)
     _, grad_norm = train_step(
-        trained, micro_batches, len(micro_batches), optimizer, scheduler, precision, CPU, NO_CLIP
+        trained, micro_batches, len(micro_batches), optimizer, scheduler, precision, CPU, max_norm
     )
-    return [p.grad.clone() for p in model.parameters()], grad_norm
+    after = full_model_state(model)
+    return [before[name] - after[name] for name in before], grad_norm.item()
 
 
 def tolerance(precision: PrecisionPolicy) -> dict[str, float]:
@@ -39,16 +46,20 @@ def tolerance(precision: PrecisionPolicy) -> dict[str, float]:
     )
 
 
+def first_batch(config, size: int = 64):
+    seed_everything(config.seed)
+    _, val_set = build_datasets(config)
+    return val_set[list(range(size))]
+
+
 def test_accumulated_micro_batches_equal_one_big_batch(config):
     config = dataclasses.replace(config, dropout=0.0)
-    seed_everything(config.seed)
+    inputs, targets = first_batch(config)
     model = build_model(config)
-    _, val_set = build_datasets(config)
-    inputs, targets = val_set[list(range(64))]
     micro = [(inputs[i : i + 16], targets[i : i + 16]) for i in range(0, 64, 16)]
     precision = PrecisionPolicy(CPU)
-    accumulated, _ = gradients_after_step(copy.deepcopy(model), micro, precision)
-    whole, _ = gradients_after_step(copy.deepcopy(model), [(inputs, targets)], precision)
+    accumulated, _ = sgd_updates(copy.deepcopy(model), micro, config, precision)
+    whole, _ = sgd_updates(copy.deepcopy(model), [(inputs, targets)], config, precision)
     for a, b in zip(accumulated, whole, strict=True):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a, b, **tolerance(precision))
@@ -57,31 +68,25 @@ def test_accumulated_micro_batches_equal_one_big_batch(config):
 def test_clipping_sees_the_true_gradient_norm(config):
     """Under fp16 the norm must be taken after unscale_; a scaled norm would be ~65536x larger."""
     config = dataclasses.replace(config, dropout=0.0)
-    seed_everything(config.seed)
+    inputs, targets = first_batch(config)
     model = build_model(config)
-    _, val_set = build_datasets(config)
-    batch = val_set[list(range(64))]
     reference = copy.deepcopy(model)
-    loss_fn(reference(batch[0]), batch[1]).backward()
+    loss_fn(reference(inputs), targets).backward()
     expected = torch.linalg.vector_norm(
         torch.stack([torch.linalg.vector_norm(p.grad) for p in reference.parameters()])
     )
     precision = PrecisionPolicy(CPU)
-    _, grad_norm = gradients_after_step(model, [batch], precision)
-    torch.testing.assert_close(grad_norm, expected, **tolerance(precision))
+    _, grad_norm = sgd_updates(model, [(inputs, targets)], config, precision)
+    torch.testing.assert_close(
+        torch.tensor(grad_norm, dtype=expected.dtype), expected, **tolerance(precision)
+    )
 
 
 def test_clipping_bounds_the_update(config):
     config = dataclasses.replace(config, dropout=0.0)
-    seed_everything(config.seed)
-    model = build_model(config)
-    _, val_set = build_datasets(config)
-    batch = val_set[list(range(64))]
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    scheduler = LambdaLR(optimizer, lambda step: 1.0)
+    batch = first_batch(config)
     max_norm = 1e-3
-    train_step(model, [batch], 1, optimizer, scheduler, PrecisionPolicy(CPU), CPU, max_norm)
-    clipped = torch.linalg.vector_norm(
-        torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters()])
-    )
-    assert clipped <= max_norm * 1.01
+    updates, grad_norm = sgd_updates(build_model(config), [batch], config, max_norm=max_norm)
+    assert grad_norm > 10 * max_norm, "the gradient must be large enough to need clipping"
+    applied = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(u) for u in updates]))
+    assert applied <= max_norm * 1.01

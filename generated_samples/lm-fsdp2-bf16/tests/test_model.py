@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from functools import partial
 
 import torch
 
@@ -11,6 +12,7 @@ from lm_fsdp2_bf16.config import parse_param_count
 from lm_fsdp2_bf16.data import NUM_CLASSES, build_datasets
 from lm_fsdp2_bf16.model import build_model, count_parameters, loss_fn
 from lm_fsdp2_bf16.optim import build_optimizer, build_scheduler
+from lm_fsdp2_bf16.parallel import init_runtime, wrap_model
 from lm_fsdp2_bf16.precision import PrecisionPolicy
 from lm_fsdp2_bf16.train import seed_everything, train_step
 
@@ -33,15 +35,17 @@ def test_overfits_one_batch(config):
     config = dataclasses.replace(config, dropout=0.0, warmup_steps=10, weight_decay=0.0)
     seed_everything(config.seed)
     device = torch.device("cpu")
-    model = build_model(config)
-    optimizer = build_optimizer(model, config)
+    precision = PrecisionPolicy(device)
+    trained, optimizer = wrap_model(
+        build_model(config), partial(build_optimizer, config=config), init_runtime("cpu"),
+        precision, config,
+    )  # fmt: skip
     steps = 250
     scheduler = build_scheduler(optimizer, config, total_steps=steps)
-    precision = PrecisionPolicy(device)
     batch = one_batch(config, 8)  # the seeds: a model that cannot memorise 8 examples has a bug
     for _ in range(steps):
         loss, _ = train_step(
-            model, [batch], 1, optimizer, scheduler, precision, device, config.max_grad_norm
+            trained, [batch], 1, optimizer, scheduler, precision, device, config.max_grad_norm
         )
     assert loss.item() < 0.05, loss.item()
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
 
@@ -26,24 +29,37 @@ RANDOMNESS_OFF = ["augment=false"] if "augment" in {f.name for f in fields(Confi
 COMPARABLE = [*RANDOMNESS_OFF, "dropout=0.0", "log_every=1", "grad_accum_steps=2", "epochs=2"]
 
 
-def launcher_env(tmp_path: Path) -> dict[str, str]:
-    """torchrun leaves torchelastic_* folders in TMPDIR: keep them in the test's folder."""
-    scratch = tmp_path / "tmp"
-    scratch.mkdir(exist_ok=True)
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    """A short TMPDIR for torchrun and its workers, removed afterwards. torchrun leaves
+    torchelastic_* folders there, and DataLoader workers pass tensors over Unix sockets bound
+    under it: a socket path over 108 bytes fails inside the worker's queue thread and the
+    loader waits forever (seen with pytest's deep tmp_path)."""
+    path = Path(tempfile.mkdtemp(prefix="tr-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def launcher_env(scratch: Path) -> dict[str, str]:
     env = {"PYTHONPATH": str(PROJECT_ROOT / "src"), "OMP_NUM_THREADS": "1", "TMPDIR": str(scratch)}
     # The launch scripts call `torchrun`: take the one beside this interpreter.
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     return {**os.environ, **env, "PATH": path}
 
 
-def torchrun(tmp_path: Path, nproc: int, *args: str) -> subprocess.CompletedProcess:
+def torchrun(scratch: Path, nproc: int, *args: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     command += [f"--nproc-per-node={nproc}", "-m", "multinode_ddp_bf16.train", "device=cpu"]
     command += [*TEST_OVERRIDES, *args]
-    result = subprocess.run(
-        command, cwd=PROJECT_ROOT, env=launcher_env(tmp_path), capture_output=True, text=True,
-        timeout=600,
-    )  # fmt: skip
+    try:
+        result = subprocess.run(
+            command, cwd=PROJECT_ROOT, env=launcher_env(scratch), capture_output=True,
+            text=True, timeout=600,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as timeout:  # show where it hung
+        stderr = timeout.stderr or b""
+        stderr = stderr.decode() if isinstance(stderr, bytes) else stderr
+        pytest.fail(f"timed out; stderr so far:\n{stderr[-4000:]}")
     assert result.returncode == 0, result.stderr[-4000:]
     return result
 
@@ -69,10 +85,10 @@ def tolerance() -> dict[str, float]:
     return {"rel": 1e-4, "abs": 1e-6} if name == "fp32" else {"rel": 3e-2, "abs": 3e-3}
 
 
-def test_two_processes_match_one_at_the_same_global_batch(tmp_path):
+def test_two_processes_match_one_at_the_same_global_batch(tmp_path, scratch):
     one, two = tmp_path / "one", tmp_path / "two"
-    torchrun(tmp_path, 1, *COMPARABLE, "micro_batch_size=64", f"run_dir='{one.as_posix()}'")
-    torchrun(tmp_path, 2, *COMPARABLE, "micro_batch_size=32", f"run_dir='{two.as_posix()}'")
+    torchrun(scratch, 1, *COMPARABLE, "micro_batch_size=64", f"run_dir='{one.as_posix()}'")
+    torchrun(scratch, 2, *COMPARABLE, "micro_batch_size=32", f"run_dir='{two.as_posix()}'")
     single, double = records(one, "train"), records(two, "train")
     assert [r["step"] for r in single] == [r["step"] for r in double]
     for a, b in zip(single, double, strict=True):
@@ -87,13 +103,13 @@ def test_two_processes_match_one_at_the_same_global_batch(tmp_path):
     )
 
 
-def test_two_process_resume_mid_epoch_is_bitwise(tmp_path):
+def test_two_process_resume_mid_epoch_is_bitwise(tmp_path, scratch):
     common = ["log_every=1", "grad_accum_steps=2", "epochs=3", "num_workers=2"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    torchrun(tmp_path, 2, *common, f"run_dir='{straight.as_posix()}'", "stop_after_steps=16")
-    torchrun(tmp_path, 2, *common, f"run_dir='{resumed.as_posix()}'", "stop_after_steps=8")
+    torchrun(scratch, 2, *common, f"run_dir='{straight.as_posix()}'", "stop_after_steps=16")
+    torchrun(scratch, 2, *common, f"run_dir='{resumed.as_posix()}'", "stop_after_steps=8")
     assert latest_checkpoint(resumed)["progress"]["batch_in_epoch"] > 0, "not mid-epoch"
-    torchrun(tmp_path, 2, *common, f"run_dir='{resumed.as_posix()}'", "stop_after_steps=16",
+    torchrun(scratch, 2, *common, f"run_dir='{resumed.as_posix()}'", "stop_after_steps=16",
              "--resume")  # fmt: skip
     expected, actual = exported_weights(straight), exported_weights(resumed)
     for key, tensor in expected.items():
@@ -102,13 +118,13 @@ def test_two_process_resume_mid_epoch_is_bitwise(tmp_path):
     assert records(straight, "train") == records(resumed, "train")
 
 
-def test_parameters_are_identical_on_every_rank_after_accumulation(tmp_path):
+def test_parameters_are_identical_on_every_rank_after_accumulation(tmp_path, scratch):
     probe = PROJECT_ROOT / "tests" / "ddp_probe.py"
     config = PROJECT_ROOT / "configs" / "train.toml"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     command += [str(probe), str(config), str(tmp_path)]
     result = subprocess.run(
-        command, cwd=PROJECT_ROOT, env=launcher_env(tmp_path), capture_output=True, text=True,
+        command, cwd=PROJECT_ROOT, env=launcher_env(scratch), capture_output=True, text=True,
         timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
@@ -122,9 +138,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_two_nodes_of_one_process_each_on_this_machine(tmp_path):
+def test_two_nodes_of_one_process_each_on_this_machine(tmp_path, scratch):
     """Two torchrun agents rendezvous over c10d on localhost, as two nodes would."""
-    env = launcher_env(tmp_path) | {
+    env = launcher_env(scratch) | {
         "HEAD_NODE": "127.0.0.1", "PORT": str(free_port()), "NNODES": "2", "NPROC_PER_NODE": "1",
         "RUN_ID": f"test-{os.getpid()}",
     }  # fmt: skip

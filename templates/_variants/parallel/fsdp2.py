@@ -11,11 +11,22 @@ fully_shard.html). Mixed precision is FSDP's `MixedPrecisionPolicy` from `precis
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from pathlib import Path
 
-from torch import nn
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+from .config import Config
 from .distributed import (
     Runtime,
     all_reduce_sum,
@@ -35,9 +46,12 @@ __all__ = [
     "all_reduce_sum",
     "barrier",
     "eval_sampler",
+    "full_model_state",
     "gather_objects",
     "gradient_sync",
     "init_runtime",
+    "load_sharded",
+    "save_sharded",
     "set_sampler_epoch",
     "shutdown_runtime",
     "train_sampler",
@@ -47,18 +61,57 @@ __all__ = [
 STRATEGY = "fsdp2"
 
 
-def wrap_model(model: nn.Module, runtime: Runtime, precision: PrecisionPolicy) -> nn.Module:
-    """Shard `model` in place, bottom-up: each of `model.shard_units()`, then the root.
+def wrap_model(
+    model: nn.Module,
+    make_optimizer: Callable[[nn.Module], torch.optim.Optimizer],
+    runtime: Runtime,
+    precision: PrecisionPolicy,
+    config: Config,
+) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """Shard `model` in place, bottom-up: each of `model.shard_units()`, then the root; then
+    build the optimizer, whose parameters must be the DTensor shards.
 
-    Build the optimizer after this call: its parameters must be the DTensor shards. The
-    returned module is `model` itself (now also an `FSDPModule`).
+    The returned module is `model` itself (now also an `FSDPModule`).
     """
     mesh = init_device_mesh(runtime.device.type, (runtime.world_size,))
     policy = precision.mixed_precision()
     for unit in model.shard_units():
         fully_shard(unit, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
-    return model
+    return model, make_optimizer(model)
+
+
+def full_model_state(model: nn.Module) -> dict[str, Tensor]:
+    """The whole, unsharded state dict on every rank (a collective; prefix-free names).
+
+    Every rank holds all of it at once: for a model larger than one device, convert a
+    checkpoint offline with `torch.distributed.checkpoint.format_utils.dcp_to_torch_save`.
+    """
+    options = StateDictOptions(full_state_dict=True)
+    return {
+        name: value.cpu() for name, value in get_model_state_dict(model, options=options).items()
+    }
+
+
+def save_sharded(
+    folder: Path, trained: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer
+) -> None:
+    """Every rank writes its shards of the model and optimizer into `folder` (a collective
+    that returns once all shards and DCP's `.metadata` are on disk)."""
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder)
+
+
+def load_sharded(
+    folder: Path, trained: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer
+) -> None:
+    """Load what `save_sharded` wrote into the sharded `model` and its `optimizer`."""
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=folder)  # fills `state` in place
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+    )
 
 
 def gradient_sync(model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:

@@ -9,11 +9,10 @@ Every variant's `precision.py` exports the same `PrecisionPolicy`, so `train.py`
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 class PrecisionPolicy:
@@ -29,19 +28,19 @@ class PrecisionPolicy:
         """Context for forward + loss only (never backward)."""
         return torch.autocast(device_type=self.device.type, dtype=torch.float16)
 
-    def backward(self, loss: Tensor) -> None:
+    def backward(self, loss: Tensor, model: nn.Module) -> None:
         """Backward pass of the scaled 0-dim loss (already divided for gradient accumulation)."""
         self.scaler.scale(loss).backward()
 
     def clip_and_step(
-        self, optimizer: torch.optim.Optimizer, parameters: Iterable[Tensor], max_norm: float
+        self, optimizer: torch.optim.Optimizer, model: nn.Module, max_norm: float
     ) -> Tensor:
         """Unscale, clip the global L2 norm to `max_norm`, step (skipped on inf/NaN), update.
 
         Returns the unscaled, pre-clip gradient norm (inf or NaN when this step was skipped).
         """
         self.scaler.unscale_(optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         self.scaler.step(optimizer)
         self.scaler.update()
         return grad_norm

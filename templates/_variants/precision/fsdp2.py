@@ -10,11 +10,10 @@ Every variant's `precision.py` exports the same `PrecisionPolicy`, so `train.py`
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 PARAM_DTYPE = torch.{{ "bfloat16" if precision == "bf16" else "float32" }}
@@ -41,16 +40,16 @@ class PrecisionPolicy:
         """No autocast: the parameters FSDP all-gathers are already in `PARAM_DTYPE`."""
         return contextlib.nullcontext()
 
-    def backward(self, loss: Tensor) -> None:
+    def backward(self, loss: Tensor, model: nn.Module) -> None:
         """Backward pass of a 0-dim loss (already divided for gradient accumulation)."""
         loss.backward()
 
     def clip_and_step(
-        self, optimizer: torch.optim.Optimizer, parameters: Iterable[Tensor], max_norm: float
+        self, optimizer: torch.optim.Optimizer, model: nn.Module, max_norm: float
     ) -> Tensor:
         """Clip the global gradient L2 norm (over every rank's shards) to `max_norm`, then step;
         returns the pre-clip norm (a replicated DTensor)."""
-        grad_norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         optimizer.step()
         return grad_norm
 

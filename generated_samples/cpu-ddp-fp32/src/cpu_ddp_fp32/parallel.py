@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Callable
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from .config import Config
 from .distributed import (
     Runtime,
     all_reduce_sum,
@@ -33,6 +36,7 @@ __all__ = [
     "all_reduce_sum",
     "barrier",
     "eval_sampler",
+    "full_model_state",
     "gather_objects",
     "gradient_sync",
     "init_runtime",
@@ -49,14 +53,27 @@ STRATEGY = "ddp"
 warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
 
 
-def wrap_model(model: nn.Module, runtime: Runtime, precision: PrecisionPolicy) -> nn.Module:
-    """Wrap `model` in DDP (parameters are broadcast from rank 0 on construction).
+def wrap_model(
+    model: nn.Module,
+    make_optimizer: Callable[[nn.Module], torch.optim.Optimizer],
+    runtime: Runtime,
+    precision: PrecisionPolicy,
+    config: Config,
+) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """Wrap `model` in DDP (parameters are broadcast from rank 0 on construction); the optimizer
+    steps the bare model's parameters.
 
     Gradients are views into DDP's communication buckets: no second copy of them, and their
     layout always matches the buckets'. Precision is autocast's job (`precision`) here.
     """
     device_ids = [runtime.local_rank] if runtime.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids, gradient_as_bucket_view=True)
+    wrapped = DistributedDataParallel(model, device_ids=device_ids, gradient_as_bucket_view=True)
+    return wrapped, make_optimizer(model)
+
+
+def full_model_state(model: nn.Module) -> dict[str, Tensor]:
+    """The bare model's whole state dict (every rank holds all of it under DDP)."""
+    return model.state_dict()
 
 
 def gradient_sync(model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:

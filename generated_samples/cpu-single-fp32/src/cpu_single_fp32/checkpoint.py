@@ -45,6 +45,7 @@ class CheckpointManager:
 
     def save(
         self,
+        trained: nn.Module,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
         extra: dict[str, Any],
@@ -52,7 +53,8 @@ class CheckpointManager:
         is_best: bool,
     ) -> None:
         """Write the bare `model`'s and `optimizer`'s states with `extra` for optimizer step
-        `step` (the main process only; the caller holds the others at a barrier)."""
+        `step` (the main process only; the caller holds the others at a barrier). `trained`,
+        the wrapper the loop trains, is not needed: its keys would carry a prefix."""
         if not self.is_main:
             return
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), **extra}
@@ -88,7 +90,11 @@ class CheckpointManager:
         return None
 
     def load_weights(
-        self, saved: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer
+        self,
+        saved: dict[str, Any],
+        trained: nn.Module,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
     ) -> None:
         """Load a `load_latest` result's model and optimizer states (the bare model's keys)."""
         model.load_state_dict(saved["model"])

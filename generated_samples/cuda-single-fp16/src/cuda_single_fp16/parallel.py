@@ -7,6 +7,7 @@ Every strategy's `parallel.py` (single, DDP, FSDP2, ZeRO) exports these same fun
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset, RandomSampler, Sampler, SequentialSampler
 
+from .config import Config
 from .precision import PrecisionPolicy
 
 STRATEGY = "single"
@@ -62,10 +64,21 @@ def init_runtime(device: str) -> Runtime:
     return Runtime(resolved)
 
 
-def wrap_model(model: nn.Module, runtime: Runtime, precision: PrecisionPolicy) -> nn.Module:
-    """Return the module the loop trains; the bare `model` on a single device (precision is
+def wrap_model(
+    model: nn.Module,
+    make_optimizer: Callable[[nn.Module], torch.optim.Optimizer],
+    runtime: Runtime,
+    precision: PrecisionPolicy,
+    config: Config,
+) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The module the loop trains and its optimizer: here the bare `model` (precision is
     autocast's job, in `precision`)."""
-    return model
+    return model, make_optimizer(model)
+
+
+def full_model_state(model: nn.Module) -> dict[str, Tensor]:
+    """The bare model's whole state dict (every process gets all of it)."""
+    return model.state_dict()
 
 
 def gradient_sync(model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:

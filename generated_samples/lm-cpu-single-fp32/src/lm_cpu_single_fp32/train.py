@@ -1,8 +1,9 @@
-"""Train the example model. Run from the project root:
+"""Train the example model. Run from the project root: with configs/train.toml as it is, with
+any of its keys overridden, or continuing from the latest checkpoint:
 
-    python -m lm_cpu_single_fp32.train                       # configs/train.toml
-    python -m lm_cpu_single_fp32.train lr=1e-3 epochs=10     # override any key
-    python -m lm_cpu_single_fp32.train --resume              # continue from the latest checkpoint
+    python -m lm_cpu_single_fp32.train
+    python -m lm_cpu_single_fp32.train lr=1e-3 epochs=10
+    python -m lm_cpu_single_fp32.train --resume
 
 Order of one optimizer step (seeds: AMP and accumulation rules): zero_grad -> for each
 micro-batch: autocast(forward + loss) -> backward(loss / micro-batches) -> unscale -> clip ->
@@ -19,6 +20,7 @@ import random
 import sys
 import time
 from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -82,9 +84,9 @@ def train_step(
         with gradient_sync(model, enabled=index == num_micro_batches - 1):
             with precision.autocast():
                 loss = loss_fn(model(inputs), targets)
-            precision.backward(loss / num_micro_batches)
+            precision.backward(loss / num_micro_batches, model)
         total_loss += loss.detach()
-    grad_norm = precision.clip_and_step(optimizer, model.parameters(), max_grad_norm)
+    grad_norm = precision.clip_and_step(optimizer, model, max_grad_norm)
     scheduler.step()  # once per optimizer step: warmup and T_max are counted in steps
     return total_loss / num_micro_batches, grad_norm
 
@@ -122,9 +124,10 @@ class Trainer:
         # The same initial weights on every rank; from here on, per-rank dropout streams.
         seed_everything(config.seed + runtime.rank)
         self.precision = PrecisionPolicy(runtime.device)
-        # Wrapped before the optimizer exists: FSDP2 swaps the parameters for their shards.
-        self.trained = wrap_model(self.model, runtime, self.precision)
-        self.optimizer = build_optimizer(self.model, config)
+        # The strategy orders wrapping and optimizer: FSDP2 shards first, DeepSpeed wraps both.
+        self.trained, self.optimizer = wrap_model(
+            self.model, partial(build_optimizer, config=config), runtime, self.precision, config
+        )
         self.batches_per_epoch = len(self.train_loader)
         if self.batches_per_epoch == 0:
             raise ValueError(
@@ -178,7 +181,7 @@ class Trainer:
             )
         if saved["fallback"]:
             self.notice(f"the last checkpoint did not load; resuming from {saved['path']}")
-        self.checkpoints.load_weights(saved, self.model, self.optimizer)
+        self.checkpoints.load_weights(saved, self.trained, self.model, self.optimizer)
         self.scheduler.load_state_dict(saved["scheduler"])
         self.precision.load_state_dict(saved["precision"])
         self.state = TrainState(**saved["progress"])
@@ -215,7 +218,9 @@ class Trainer:
             "ranks": ranks,
             "config": self.config.to_dict(),
         }
-        self.checkpoints.save(self.model, self.optimizer, extra, self.state.step, is_best)
+        self.checkpoints.save(
+            self.trained, self.model, self.optimizer, extra, self.state.step, is_best
+        )
         barrier(self.runtime)
 
     def fit(self) -> dict[str, Any]:

@@ -1,13 +1,11 @@
-"""Sharded checkpoints with torch.distributed.checkpoint (DCP): each rank writes its own shards.
+"""Sharded checkpoints: each rank writes its own shards, through `parallel.save_sharded`
+(torch.distributed.checkpoint).
 
-A checkpoint is the folder `step-<N>/`: DCP's shard files and `.metadata`, `trainer.pt` (the
+A checkpoint is the folder `step-<N>/`: the strategy's shard files, `trainer.pt` (the
 scheduler, progress, every rank's RNG states and the config) and, written last, `COMPLETE`.
 All of it is first written as `.step-<N>.partial/` and renamed once whole, and only folders with
 the marker are ever loaded, so a job killed mid-save never leaves a checkpoint that looks valid.
 `last` and `best` are one-line files naming a step folder; pruning keeps the folders they name.
-The state dicts come from `torch.distributed.checkpoint.state_dict` (prefix-free parameter
-names), so a checkpoint loads into any world size's sharding (pytorch.org/docs/stable/
-distributed.checkpoint.html).
 """
 
 from __future__ import annotations
@@ -19,15 +17,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
-)
 
+from .parallel import full_model_state, load_sharded, save_sharded
 from .state_io import atomic_save, fsync_dir, load_trusted
 
 REQUIRED_KEYS = ("scheduler", "precision", "progress", "ranks", "config")
@@ -65,22 +57,22 @@ class CheckpointManager:
 
     def save(
         self,
+        trained: nn.Module,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
         extra: dict[str, Any],
         step: int,
         is_best: bool,
     ) -> None:
-        """Write the sharded model and optimizer states with `extra` for optimizer step `step`."""
+        """Write the sharded model and optimizer states with `extra` for optimizer step `step`
+        (`trained` is what the loop trains, `model` the bare module inside it)."""
         name = f"step-{step:08d}"
         partial = self.directory / f".{name}.partial"
         if self.is_main:
             self.directory.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(partial, ignore_errors=True)  # what a killed save left behind
         _barrier()
-        model_state, optimizer_state = get_state_dict(model, optimizer)
-        # Returns once every rank's shards and the metadata are on disk (DCP gathers to rank 0).
-        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=partial)
+        save_sharded(partial, trained, model, optimizer)  # returns once all ranks have written
         if not self.is_main:
             return
         atomic_save(extra, partial / TRAINER_FILE)
@@ -129,21 +121,18 @@ class CheckpointManager:
         return None
 
     def load_weights(
-        self, saved: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer
+        self,
+        saved: dict[str, Any],
+        trained: nn.Module,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
     ) -> None:
-        """Load the model and optimizer shards of a `load_latest` result into the sharded
-        `model` and its `optimizer`, resharding if the world size changed."""
-        model_state, optimizer_state = get_state_dict(model, optimizer)
-        state = {"model": model_state, "optimizer": optimizer_state}
-        dcp.load(state, checkpoint_id=saved["path"])  # fills `state` in place
-        set_state_dict(
-            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
-        )
+        """Load the model and optimizer shards of a `load_latest` result (a collective)."""
+        load_sharded(Path(saved["path"]), trained, model, optimizer)
 
     def export_model(self, model: nn.Module, path: Path) -> None:
-        """Gather the full, unsharded model state dict onto the main process's CPU and write it
-        to `path`: prefix-free names, loads into a plain model with `strict=True`."""
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        full_state = get_model_state_dict(model, options=options)  # a collective; {} off rank 0
+        """Gather the full, unsharded model state dict and write it to `path` from the main
+        process (a collective): prefix-free names, loads into a plain model with `strict=True`."""
+        full_state = full_model_state(model)
         if self.is_main:
             atomic_save(full_state, path)

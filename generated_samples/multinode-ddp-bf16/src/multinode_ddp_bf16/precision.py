@@ -7,11 +7,10 @@ Every variant's `precision.py` exports the same `PrecisionPolicy`, so `train.py`
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 class PrecisionPolicy:
@@ -26,15 +25,15 @@ class PrecisionPolicy:
         """Context for forward + loss only (never backward)."""
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
 
-    def backward(self, loss: Tensor) -> None:
+    def backward(self, loss: Tensor, model: nn.Module) -> None:
         """Backward pass of a 0-dim loss (already divided for gradient accumulation)."""
         loss.backward()
 
     def clip_and_step(
-        self, optimizer: torch.optim.Optimizer, parameters: Iterable[Tensor], max_norm: float
+        self, optimizer: torch.optim.Optimizer, model: nn.Module, max_norm: float
     ) -> Tensor:
         """Clip the global gradient L2 norm to `max_norm`, then step; returns the pre-clip norm."""
-        grad_norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         optimizer.step()
         return grad_norm
 

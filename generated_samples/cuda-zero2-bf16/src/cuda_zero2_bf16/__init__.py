@@ -1,0 +1,1 @@
+"""cuda-zero2-bf16: image classification training project rendered by scaffold."""

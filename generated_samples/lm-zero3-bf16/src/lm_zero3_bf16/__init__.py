@@ -1,0 +1,1 @@
+"""lm-zero3-bf16: language model training project rendered by scaffold."""
