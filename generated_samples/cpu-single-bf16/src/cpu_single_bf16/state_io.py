@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -44,10 +45,19 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 def atomic_save(obj: Any, path: Path) -> None:
     """`torch.save` to a temporary sibling, fsync it, rename it over `path`, fsync the folder."""
+    _atomic_write(path, lambda file: torch.save(obj, file))
+
+
+def atomic_write_text(text: str, path: Path) -> None:
+    """Replace `path` with `text` (UTF-8) the same way as `atomic_save`."""
+    _atomic_write(path, lambda file: file.write(text.encode()))
+
+
+def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         with open(tmp, "wb") as file:
-            torch.save(obj, file)
+            write(file)
             file.flush()
             os.fsync(file.fileno())
         os.replace(tmp, path)

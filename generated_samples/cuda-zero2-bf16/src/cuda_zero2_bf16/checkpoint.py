@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .parallel import full_model_state, load_sharded, save_sharded
-from .state_io import atomic_save, fsync_dir, load_trusted
+from .state_io import atomic_save, atomic_write_text, fsync_dir, load_trusted
 
 REQUIRED_KEYS = ("scheduler", "precision", "progress", "ranks", "config")
 TRAINER_FILE = "trainer.pt"
@@ -30,17 +30,6 @@ COMPLETE_MARKER = "COMPLETE"
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
-
-
-def _write_pointer(path: Path, folder_name: str) -> None:
-    """Replace the one-line file `path` with `folder_name`, atomically."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as file:
-        file.write(folder_name + "\n")
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 class CheckpointManager:
@@ -76,14 +65,14 @@ class CheckpointManager:
         if not self.is_main:
             return
         atomic_save(extra, partial / TRAINER_FILE)
-        _write_pointer(partial / COMPLETE_MARKER, name)
+        atomic_write_text(name + "\n", partial / COMPLETE_MARKER)
         final = self.directory / name
         shutil.rmtree(final, ignore_errors=True)  # the same step saved again after a resume
         os.replace(partial, final)
         fsync_dir(self.directory)
-        _write_pointer(self.directory / "last", name)
+        atomic_write_text(name + "\n", self.directory / "last")
         if is_best:
-            _write_pointer(self.directory / "best", name)
+            atomic_write_text(name + "\n", self.directory / "best")
         self._prune()
 
     def _pointed(self, pointer: str) -> Path | None:
