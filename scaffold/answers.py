@@ -28,8 +28,12 @@ class Question:
     kind: type  # str, int, float or bool
     default: Any
     choices: tuple[str, ...] = ()
-    renderable: tuple[str, ...] = ()  # subset of choices the template renders now
+    renderable: tuple[str, ...] = ()  # subset of choices the template renders now; () for all
     only_for_cuda: bool = False
+
+    def renders(self, value: Any) -> bool:
+        """True if this template version renders `value` for this key."""
+        return not self.renderable or value in self.renderable
 
 
 QUESTIONS: tuple[Question, ...] = (
@@ -70,7 +74,6 @@ QUESTIONS: tuple[Question, ...] = (
         str,
         "auto",
         ("auto", "single", "ddp", "fsdp2", "zero1", "zero2", "zero3", "zero3-offload"),
-        ("auto", "single", "ddp", "fsdp2", "zero1", "zero2", "zero3"),
     ),
     Question(
         "precision",
@@ -225,7 +228,7 @@ def coerce(question: Question, value: Any) -> Any:
         raise AnswerError(
             f"{key}={typed!r} is not known; answer one of: {', '.join(question.choices)}"
         )
-    if question.renderable and typed not in question.renderable:
+    if not question.renders(typed):
         raise NotAvailableYet(
             f"{key}={typed} is not available yet in this version of scaffold; "
             f"answer one of: {', '.join(question.renderable)}"

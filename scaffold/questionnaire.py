@@ -36,7 +36,7 @@ def _ask_one(question: Question, default: Any) -> Any:
             questionary.Choice(
                 value,
                 value=value,
-                disabled=None if value in question.renderable else "not available yet",
+                disabled=None if question.renders(value) else "not available yet",
             )
             for value in question.choices
         ]

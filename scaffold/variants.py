@@ -69,6 +69,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "gpus_per_node": 8,
         "precision": "bf16",
     },
+    "cuda-zero3-offload-fp32": {
+        **COMMON,
+        **CUDA_AMPERE,
+        "strategy": "zero3-offload",
+        "gpus_per_node": 8,
+        "precision": "fp32",
+    },
     "lm-zero3-bf16": {
         **COMMON,
         **CUDA_AMPERE,

@@ -15,3 +15,7 @@ if [ ! -x "$PY" ] || [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
     "$PY" -m pip install --quiet --disable-pip-version-check -e "$ROOT[dev]"
     echo "$WANT" > "$STAMP"
 fi
+# The venv's tools first, for this script and every process it starts: torch builds DeepSpeed's
+# ops with the first `ninja` on PATH, and a system ninja (1.11, build log v5) next to the venv's
+# (1.13, log v7) makes each process discard the other's build log and recompile (~30-55 s).
+export PATH="$VENV/bin:$PATH"

@@ -68,10 +68,18 @@ def test_a_model_too_big_for_each_gpu_is_sharded_with_fsdp2():
     assert any("shard it" in reason for reason in resolved.reasons)
 
 
-def test_a_model_too_big_for_all_gpus_together_needs_zero3_offload_not_available_yet():
-    with pytest.raises(NotAvailableYet, match="strategy=zero3-offload"):
-        plan(answers(hardware="cuda", gpu_arch="hopper", gpus_per_node=2, gpu_memory_gb=0.25,
-                     model_size="40M"))  # fmt: skip
+def test_a_model_too_big_for_all_gpus_together_gets_zero3_with_cpu_offload():
+    resolved = plan(answers(hardware="cuda", gpu_arch="hopper", gpus_per_node=2,
+                            gpu_memory_gb=0.25, model_size="40M"))  # fmt: skip
+    assert resolved.answers.strategy == "zero3-offload"
+    assert any("CPU memory" in reason for reason in resolved.reasons)
+
+
+def test_a_known_value_not_rendered_yet_is_refused_and_every_strategy_renders():
+    with pytest.raises(NotAvailableYet, match="hardware=mps"):
+        answers(hardware="mps")
+    strategy = next(question for question in QUESTIONS if question.key == "strategy")
+    assert all(strategy.renders(value) for value in strategy.choices)
 
 
 def test_fsdp2_with_fp16_is_refused_with_the_way_out():

@@ -38,6 +38,8 @@ def test_short_run_moves_the_validation_metric_and_writes_the_summary(config):
     written = json.loads((Path(config.run_dir) / "summary.json").read_text())
     assert written.keys() >= SUMMARY_KEYS
     assert written["val_accuracy"] == summary["val_accuracy"]
+    rates = {key: value for key, value in written.items() if key.endswith("_per_second")}
+    assert rates and all(value > 0 for value in rates.values()), rates
 
 
 def latest_checkpoint(run_dir: Path) -> dict:
@@ -92,3 +94,17 @@ def test_resume_mid_epoch_reproduces_the_straight_run_bitwise(tmp_path, num_work
     assert expected["scheduler"] == actual["scheduler"]
     assert expected["progress"]["history"] == actual["progress"]["history"]
     assert train_losses(straight) == train_losses(resumed)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_resume_on_cuda(config):
+    """A checkpoint written on the GPU resumes there: RNG and loader-generator states come back
+    as CPU tensors. The CPU twin of this path is the bitwise resume test above."""
+    config = dataclasses.replace(config, device="cuda", epochs=2, checkpoint_every=5)
+    stopped = Trainer(dataclasses.replace(config, stop_after_steps=7), init_runtime("cuda"))
+    stopped.fit()
+    resumed = Trainer(config, init_runtime("cuda"))
+    resumed.resume()
+    summary = resumed.fit()
+    assert summary["resumed_from"] and summary["steps"] > 7
+    assert math.isfinite(summary["val_loss"])

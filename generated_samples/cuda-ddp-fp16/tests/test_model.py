@@ -10,7 +10,7 @@ import torch
 
 from cuda_ddp_fp16.config import parse_param_count
 from cuda_ddp_fp16.data import NUM_CLASSES, build_datasets
-from cuda_ddp_fp16.model import build_model, count_parameters, loss_fn
+from cuda_ddp_fp16.model import build_model, count_parameters, eval_sums, loss_fn
 from cuda_ddp_fp16.optim import build_optimizer, build_scheduler
 from cuda_ddp_fp16.parallel import init_runtime, wrap_model
 from cuda_ddp_fp16.precision import PrecisionPolicy
@@ -29,6 +29,16 @@ def test_initial_loss_is_ln_num_classes(config):
     with torch.no_grad():
         loss = loss_fn(model(inputs), targets).item()
     assert abs(loss - math.log(NUM_CLASSES)) < 0.15, loss
+
+
+def test_eval_sums_stay_on_the_logits_device(config):
+    """A sum built on the CPU beside CUDA logits fails the first validation on a GPU; the meta
+    device shows the same mismatch on a CPU-only machine."""
+    inputs, targets = one_batch(config, 4)
+    with torch.no_grad():
+        logits = build_model(config)(inputs)
+    sums = eval_sums(logits.to("meta"), targets.to("meta"))
+    assert sums.device.type == "meta" and sums.shape == (3,)
 
 
 def test_overfits_one_batch(config):

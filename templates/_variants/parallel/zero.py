@@ -193,3 +193,28 @@ def load_sharded(
     )  # fmt: skip
     if path is None:
         raise ValueError(f"DeepSpeed found no checkpoint in {folder}; move it away to start over")
+{%- if zero_offload %}
+    replay_cpu_adam_bias_correction(optimizer)
+
+
+def replay_cpu_adam_bias_correction(optimizer: DeepSpeedCPUAdam) -> None:
+    """Rebuild the C++ CPU Adam's running beta1**t and beta2**t after a resume.
+
+    The C++ optimizer keeps them as float products, one multiplication per step, but a fresh
+    one computes them with pow() at its first step after a resume. The two differ in the last
+    bits, so without this the resumed run drifts from the straight one (DeepSpeed
+    csrc/includes/cpu_adam.h, `IncrementStep`). Replaying steps 1..t on empty tensors rebuilds
+    the same products and updates nothing.
+    """
+    steps = [int(state["step"]) for state in optimizer.state.values() if "step" in state]
+    if not steps:
+        return
+    empty = torch.empty(0)
+    group = optimizer.param_groups[0]
+    beta1, beta2 = group["betas"]
+    for step in range(1, max(steps) + 1):
+        optimizer.ds_opt_adam.adam_update(
+            optimizer.opt_id, step, group["lr"], beta1, beta2, group["eps"],
+            group["weight_decay"], group["bias_correction"], empty, empty, empty, empty,
+        )  # fmt: skip
+{%- endif %}

@@ -33,7 +33,7 @@ from .checkpoint import CheckpointManager
 from .config import RESUME_INVARIANTS, Config, load_config
 from .data import NUM_CLASSES, build_datasets
 from .loader import TimedIterator, epoch_iterator, make_eval_loader, make_train_loader
-from .model import build_model, eval_sums, loss_fn, throughput
+from .model import build_model, count_parameters, eval_sums, loss_fn, throughput
 from .optim import build_optimizer, build_scheduler
 from .parallel import (
     STRATEGY,
@@ -121,6 +121,8 @@ class Trainer:
         self.train_loader = make_train_loader(train_set, config, runtime.rank, pin_memory=pin)
         self.val_loader = make_eval_loader(val_set, config, pin_memory=pin)
         self.model = build_model(config).to(runtime.device)  # the module checkpoints name
+        # Counted before wrapping: ZeRO-3 leaves each rank's parameters with 0 elements.
+        self.parameter_count = count_parameters(self.model)
         # The same initial weights on every rank; from here on, per-rank dropout streams.
         seed_everything(config.seed + runtime.rank)
         self.precision = PrecisionPolicy(runtime.device)
@@ -157,7 +159,9 @@ class Trainer:
             ValueError: checkpoints exist but none loads, or the run's data order or model
                 shape settings (`RESUME_INVARIANTS`) differ from the checkpoint's.
         """
-        saved = self.checkpoints.load_latest(self.runtime.device)
+        # On the CPU: RNG states must stay CPU byte tensors (a CUDA copy is refused), and
+        # load_state_dict copies weights and moments onto their parameters' devices.
+        saved = self.checkpoints.load_latest()
         if saved is None:
             if self.checkpoints.has_checkpoints():
                 raise ValueError(
@@ -331,7 +335,7 @@ class Trainer:
             expected_initial_loss=math.log(NUM_CLASSES),
             resumed_from=self.resumed_from,
         )
-        summary |= throughput(summary["samples_per_second"], self.config, self.model)
+        summary |= throughput(summary["samples_per_second"], self.config, self.parameter_count)
         if "model_flops_per_second" in summary:
             flops = summary["model_flops_per_second"]
             summary["mfu"] = model_flops_utilization(flops, self.runtime.device)

@@ -62,7 +62,8 @@ def eval_sums(logits: Tensor, targets: Tensor) -> Tensor:
     """
     loss_sum = F.cross_entropy(logits.float(), targets, reduction="sum")
     correct = (logits.argmax(dim=-1) == targets).sum()
-    return torch.stack([loss_sum.double(), correct.double(), torch.tensor(float(len(targets)))])
+    count = torch.tensor(float(len(targets)), device=logits.device)
+    return torch.stack([loss_sum.double(), correct.double(), count.double()])
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -90,6 +91,6 @@ def build_model(config: Config) -> DigitsCNN:
     return DigitsCNN(width, dropout=config.dropout)
 
 
-def throughput(samples_per_second: float, config: Config, model: nn.Module) -> dict[str, float]:
+def throughput(samples_per_second: float, config: Config, parameter_count: int) -> dict[str, float]:
     """Task-specific rates for the run summary: none beyond samples/s for images."""
     return {}

@@ -127,11 +127,11 @@ def build_model(config: Config) -> ByteGPT:
     return ByteGPT(width, depth, config.block_size, config.dropout)
 
 
-def throughput(samples_per_second: float, config: Config, model: nn.Module) -> dict[str, float]:
-    """Tokens per second, and model FLOPs per second (6 N per token for forward + backward;
-    Kaplan et al. 2020, "Scaling Laws for Neural Language Models", §2.1)."""
+def throughput(samples_per_second: float, config: Config, parameter_count: int) -> dict[str, float]:
+    """Tokens per second, and model FLOPs per second (6 N per token for forward + backward, N =
+    `parameter_count`; Kaplan et al. 2020, "Scaling Laws for Neural Language Models", §2.1)."""
     tokens_per_second = samples_per_second * config.block_size
     return {
         "tokens_per_second": tokens_per_second,
-        "model_flops_per_second": 6 * count_parameters(model) * tokens_per_second,
+        "model_flops_per_second": 6 * parameter_count * tokens_per_second,
     }

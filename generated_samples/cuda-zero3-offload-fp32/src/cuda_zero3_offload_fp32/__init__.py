@@ -1,0 +1,1 @@
+"""cuda-zero3-offload-fp32: image classification training project rendered by scaffold."""

@@ -1,0 +1,85 @@
+"""Durable writes and RNG states: what every checkpoint format builds on.
+
+A file is written to a temporary sibling, fsynced, then renamed over its name with
+`os.replace`, so a job killed mid-write leaves the previous file intact. Every saved value is a
+tensor, number, string, list or dict, so `torch.load(path, weights_only=True)` loads it: no
+pickled code runs on load.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import torch
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """torch (CPU and every CUDA device), numpy and Python `random` states as loadable values.
+
+    numpy's state tuple holds an ndarray, which `weights_only=True` refuses: stored as a list.
+    """
+    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": [kind, keys.tolist(), pos, has_gauss, cached_gaussian],
+        "python": random.getstate(),
+    }
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of `capture_rng_state`."""
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    kind, keys, pos, has_gauss, cached_gaussian = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+
+
+def atomic_save(obj: Any, path: Path) -> None:
+    """`torch.save` to a temporary sibling, fsync it, rename it over `path`, fsync the folder."""
+    _atomic_write(path, lambda file: torch.save(obj, file))
+
+
+def atomic_write_text(text: str, path: Path) -> None:
+    """Replace `path` with `text` (UTF-8) the same way as `atomic_save`."""
+    _atomic_write(path, lambda file: file.write(text.encode()))
+
+
+def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as file:
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename or new entry in `directory` survive a power loss."""
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def load_trusted(path: Path, keys: tuple[str, ...], map_location: Any) -> dict[str, Any] | None:
+    """`path` loaded with `weights_only=True` if it loads and holds every key of `keys`, else
+    None (a truncated, foreign or missing file)."""
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception:  # a torn write or a foreign file: the caller tries the next candidate
+        return None
+    return state if isinstance(state, dict) and all(key in state for key in keys) else None

@@ -1,0 +1,42 @@
+"""Shared fixtures of the sanity ladder: a config per test and a way to train in a fresh process."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cuda_zero3_offload_fp32.config import Config, load_config
+from cuda_zero3_offload_fp32.parallel import Runtime, init_runtime
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# Smaller data for the tests where the example's defaults would take minutes on a CPU.
+TEST_SETTINGS: dict[str, object] = {}  # the digits are small already
+TEST_OVERRIDES = [f"{key}={value!r}" for key, value in TEST_SETTINGS.items()]
+
+
+@pytest.fixture
+def runtime() -> Runtime:
+    """This process on the CPU (a one-process group where the strategy needs one)."""
+    return init_runtime("cpu")
+
+
+@pytest.fixture
+def config(tmp_path: Path, runtime: Runtime) -> Config:
+    """The project's configs/train.toml with the run folder moved into the test's temp dir."""
+    base = load_config(PROJECT_ROOT / "configs" / "train.toml")
+    return dataclasses.replace(base, run_dir=str(tmp_path / "run"), device="cpu", **TEST_SETTINGS)
+
+
+def run_training(*args: str) -> subprocess.CompletedProcess:
+    """`python -m cuda_zero3_offload_fp32.train ARGS` in a fresh interpreter, from the project root
+    (with TEST_SETTINGS applied first)."""
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
+    command = [sys.executable, "-m", "cuda_zero3_offload_fp32.train", *TEST_OVERRIDES, *args]
+    result = subprocess.run(command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
