@@ -79,3 +79,13 @@ def test_epoch_replay_resumes_at_the_same_batch(config):
     torch.set_rng_state(rng_after_five)  # what a resume does after replaying
     for expected, actual in zip(straight[5:], resumed, strict=True):
         assert torch.equal(expected[0], actual[0]) and torch.equal(expected[1], actual[1])
+
+
+def test_workers_start_from_a_forkserver_once_a_process_group_exists(config):
+    """A fork taken beside the group's gloo or NCCL threads can copy a held lock into the worker,
+    which then blocks for good; without a group a plain fork is safe and quicker."""
+    init_runtime("cpu")
+    loader = make_train_loader(RandomProbe(), dataclasses.replace(config, num_workers=2))
+    context = loader.multiprocessing_context
+    method = context.get_start_method() if context is not None else None
+    assert method == ("forkserver" if torch.distributed.is_initialized() else None)

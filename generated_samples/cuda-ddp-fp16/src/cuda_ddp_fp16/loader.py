@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import random
 import time
 from collections.abc import Iterator
@@ -14,6 +15,19 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset
 
 from .config import Config
 from .parallel import eval_sampler, set_sampler_epoch, train_sampler
+
+
+def worker_start_method() -> str | None:
+    """How DataLoader workers start: from a clean forkserver process once this process has a
+    process group, else by the platform's default (a plain fork on Linux, the quickest).
+
+    A fork taken while one of the group's gloo or NCCL threads holds a lock leaves the worker
+    blocked for good (seen with ZeRO-3 offload on CPU: the first resumed epoch never got its
+    batch). Python 3.14 made forkserver the Linux default for this reason.
+    """
+    grouped = torch.distributed.is_available() and torch.distributed.is_initialized()
+    forkserver = "forkserver" in multiprocessing.get_all_start_methods()
+    return "forkserver" if grouped and forkserver else None
 
 
 def seed_worker(worker_id: int) -> None:
@@ -52,6 +66,7 @@ def make_train_loader(
         worker_init_fn=seed_worker,
         generator=generator,
         pin_memory=pin_memory,
+        multiprocessing_context=worker_start_method() if config.num_workers > 0 else None,
     )
 
 
