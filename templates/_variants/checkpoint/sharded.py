@@ -94,7 +94,7 @@ class CheckpointManager:
         """True if any checkpoint folder exists, loadable or not."""
         return bool(self.step_folders())
 
-    def load_latest(self, map_location: torch.device | str = "cpu") -> dict[str, Any] | None:
+    def load_latest(self) -> dict[str, Any] | None:
         """The newest complete checkpoint's `trainer.pt` state, or None if none loads.
 
         Tries the folder `last` names, then step folders newest first. The result has the
@@ -104,7 +104,7 @@ class CheckpointManager:
         for folder in [last, *reversed(self.step_folders())]:
             if folder is None or not (folder / COMPLETE_MARKER).is_file():
                 continue
-            state = load_trusted(folder / TRAINER_FILE, REQUIRED_KEYS, map_location)
+            state = load_trusted(folder / TRAINER_FILE, REQUIRED_KEYS)
             if state is not None:
                 return state | {"path": str(folder), "fallback": folder != last}
         return None

@@ -159,8 +159,6 @@ class Trainer:
             ValueError: checkpoints exist but none loads, or the run's data order or model
                 shape settings (`RESUME_INVARIANTS`) differ from the checkpoint's.
         """
-        # On the CPU: RNG states must stay CPU byte tensors (a CUDA copy is refused), and
-        # load_state_dict copies weights and moments onto their parameters' devices.
         saved = self.checkpoints.load_latest()
         if saved is None:
             if self.checkpoints.has_checkpoints():

@@ -76,7 +76,7 @@ class CheckpointManager:
         """True if any checkpoint file exists, loadable or not."""
         return bool(self.step_files()) or (self.directory / "last.pt").exists()
 
-    def load_latest(self, map_location: torch.device | str = "cpu") -> dict[str, Any] | None:
+    def load_latest(self) -> dict[str, Any] | None:
         """The newest checkpoint that loads and holds every required key, or None if none does.
 
         Tries `last.pt`, then step files newest first, so a damaged `last.pt` falls back to the
@@ -84,7 +84,7 @@ class CheckpointManager:
         """
         last = self.directory / "last.pt"
         for path in [last, *reversed(self.step_files())]:
-            state = load_trusted(path, REQUIRED_KEYS, map_location) if path.is_file() else None
+            state = load_trusted(path, REQUIRED_KEYS) if path.is_file() else None
             if state is not None:
                 return state | {"path": str(path), "fallback": path != last}
         return None

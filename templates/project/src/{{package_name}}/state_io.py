@@ -75,11 +75,15 @@ def fsync_dir(directory: Path) -> None:
         os.close(descriptor)
 
 
-def load_trusted(path: Path, keys: tuple[str, ...], map_location: Any) -> dict[str, Any] | None:
-    """`path` loaded with `weights_only=True` if it loads and holds every key of `keys`, else
-    None (a truncated, foreign or missing file)."""
+def load_trusted(path: Path, keys: tuple[str, ...]) -> dict[str, Any] | None:
+    """`path` loaded onto the CPU with `weights_only=True` if it loads and holds every key of
+    `keys`, else None (a truncated, foreign or missing file).
+
+    Always the CPU: RNG states must come back as CPU byte tensors (a CUDA copy is refused on
+    resume), and `load_state_dict` copies weights and moments onto their parameters' devices.
+    """
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception:  # a torn write or a foreign file: the caller tries the next candidate
         return None
     return state if isinstance(state, dict) and all(key in state for key in keys) else None
