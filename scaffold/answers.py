@@ -8,6 +8,7 @@ defaults below. `Answers` is the validated, frozen result.
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import keyword
 import re
 import sys
@@ -100,7 +101,8 @@ RESERVED_PACKAGE_NAMES = frozenset(sys.stdlib_module_names) | {
 }
 PROJECT_NAME = re.compile(r"[A-Za-z]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 KIND_NAMES = {str: "text", int: "a whole number", float: "a number", bool: "true or false"}
-MODEL_SIZE = re.compile(r"(\d+(?:\.\d+)?)([KMB]?)")
+MODEL_SIZE = re.compile(r"(\d+(?:\.\d+)?(?:E\d{1,2})?)([KMB]?)")
+MODEL_SIZE_SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9}
 
 
 @dataclass(frozen=True)
@@ -166,16 +168,24 @@ def package_name_for(project_name: str) -> str:
 
 
 def parse_model_size(text: str) -> int:
-    """'100K' -> 100_000, '1.5M' -> 1_500_000, '7B' -> 7_000_000_000.
+    """'100K' -> 100_000, '1.5M' -> 1_500_000, '7B' -> 7_000_000_000, '1e6' -> 1_000_000.
+
+    The rendered project's `config.parse_param_count` applies the same rule with the same
+    message (`tests/test_answers.py` checks the two agree over a table of inputs), so what
+    scaffold accepts, the project's own config accepts.
 
     Raises:
-        AnswerError: not a number with an optional K, M or B suffix, or zero.
+        AnswerError: not a whole number of parameters of at least 1, written as a number with
+            an optional exponent and an optional K, M or B suffix.
     """
     match = MODEL_SIZE.fullmatch(text.strip().upper())
-    if match is None or float(match.group(1)) == 0:
-        raise AnswerError(f"model_size {text!r} is not a parameter count; answer e.g. 100K or 10M")
-    scale = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9}[match.group(2)]
-    return int(float(match.group(1)) * scale)
+    count = decimal.Decimal(match.group(1)) * MODEL_SIZE_SUFFIXES[match.group(2)] if match else 0
+    if count < 1 or count != count.to_integral_value():
+        raise AnswerError(
+            f"model_size {text!r} is not a whole number of parameters of at least 1; "
+            "use e.g. 100K, 2.5M, 7B or 1e6"
+        )
+    return int(count)
 
 
 def parse_data_pairs(pairs: list[str]) -> dict[str, str]:

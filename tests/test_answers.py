@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from scaffold.answers import QUESTIONS, build_answers, merge_sources, package_name_for
+from scaffold.answers import (
+    QUESTIONS,
+    build_answers,
+    merge_sources,
+    package_name_for,
+    parse_model_size,
+)
 from scaffold.errors import AnswerError, NotAvailableYet
 from scaffold.planner import plan
-from scaffold.variants import VARIANTS
+from scaffold.variants import DEFAULT_VARIANT, VARIANTS
 
-TEMPLATE = Path(__file__).resolve().parents[1] / "templates"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TEMPLATE = REPO_ROOT / "templates"
 
 
 @pytest.mark.parametrize(
@@ -116,3 +126,32 @@ def test_variants_cover_every_renderable_value():
             covered = {answers[question.key] for answers in VARIANTS.values()}
             assert wanted <= covered, f"{question.key}: no variant renders {wanted - covered}"
     assert len(VARIANTS) >= 10
+
+
+@functools.cache
+def rendered_parse_param_count():
+    """The model-size rule of a rendered project (`config.parse_param_count` of the default
+    sample), imported without its package: config.py needs only the standard library."""
+    path = next((REPO_ROOT / "generated_samples" / DEFAULT_VARIANT / "src").glob("*/config.py"))
+    spec = importlib.util.spec_from_file_location("rendered_config", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
+    spec.loader.exec_module(module)
+    return module.parse_param_count
+
+
+MODEL_SIZES = ["100K", "1.5m", "7B", "4096", "1e6", "2.5E3K", " 10M ", "1"]
+MODEL_SIZES += ["0.5", "0.0001K", "-1", "", "1.5", "ten", "1e999", "0", "1KB", "nan"]
+
+
+@pytest.mark.parametrize("text", MODEL_SIZES)
+def test_scaffold_and_the_rendered_project_share_one_model_size_rule(text):
+    rendered = rendered_parse_param_count()
+    try:
+        expected = rendered(text)
+    except ValueError as error:
+        with pytest.raises(AnswerError) as refused:
+            parse_model_size(text)
+        assert str(refused.value) == str(error)
+    else:
+        assert parse_model_size(text) == expected

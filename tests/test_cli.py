@@ -19,7 +19,7 @@ DEFAULT_FILES = {
     "configs/train.toml",
     "tests/conftest.py",
     "tests/test_checkpoint.py",
-    "tests/test_data.py",
+    "tests/test_example.py",
     "tests/test_loader.py",
     "tests/test_loop.py",
     "tests/test_model.py",
@@ -32,14 +32,16 @@ DEFAULT_FILES = {
         "checkpoint",
         "config",
         "data",
+        "engine",
         "loader",
         "model",
         "optim",
-        "parallel",
-        "precision",
         "progress",
         "report",
+        "resume",
+        "runtime",
         "state_io",
+        "task",
         "train",
     )
 }
@@ -72,7 +74,7 @@ def test_data_answers_reach_the_render(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "proj" / "src" / "my_net" / "train.py").is_file()
-    assert "bfloat16" in (tmp_path / "proj" / "src" / "my_net" / "precision.py").read_text()
+    assert "bfloat16" in (tmp_path / "proj" / "src" / "my_net" / "engine.py").read_text()
 
 
 BAD_INPUTS = {
@@ -87,7 +89,10 @@ BAD_INPUTS = {
     "not-key-value": (["x", "--defaults", "--data", "precision"], "KEY=VALUE"),
     "unknown-value": (["x", "--defaults", "--data", "precision=fp8"], "is not known"),
     "bad-int": (["x", "--defaults", "--data", "num_nodes=two"], "is not a whole number"),
-    "bad-model-size": (["x", "--defaults", "--data", "model_size=big"], "parameter count"),
+    "bad-model-size": (
+        ["x", "--defaults", "--data", "model_size=big"],
+        "whole number of parameters",
+    ),
     "huge-model": (["x", "--defaults", "--data", "model_size=7B"], "too large"),
     "fsdp2-fp16": (
         [
@@ -204,5 +209,5 @@ def test_interactive_prompts_with_a_pseudo_terminal(tmp_path):
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0, child.before
-    precision = (tmp_path / "netproj" / "src" / "netproj" / "precision.py").read_text()
-    assert 'name = "bf16"' in precision
+    engine = (tmp_path / "netproj" / "src" / "netproj" / "engine.py").read_text()
+    assert "COMPUTE_DTYPE = torch.bfloat16" in engine

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import warnings
@@ -43,17 +44,22 @@ def test_raw_render_is_lint_and_format_clean_with_no_jinja_left(tmp_path, varian
             assert "{{" not in text and "{%" not in text, path
 
 
-def test_precision_variant_files_differ_only_where_they_should(tmp_path):
+def test_precision_is_data_in_one_engine_text(tmp_path):
+    """fp32 and fp16 render the same engine but for two constants; the fp16 step unscales
+    before it clips."""
+    engines = {}
     for variant in ("cpu-single-fp32", "cuda-single-fp16"):
-        render_raw(variant, tmp_path / variant.replace("-", "_"))
-    fp32 = (tmp_path / "cpu_single_fp32" / "src" / "cpu_single_fp32" / "precision.py").read_text()
-    fp16 = (tmp_path / "cuda_single_fp16" / "src" / "cuda_single_fp16" / "precision.py").read_text()
-    assert "GradScaler" not in fp32 and "autocast(device_type" not in fp32
-    assert (
-        fp16.index("unscale_(optimizer)")
-        < fp16.index("clip_grad_norm_")
-        < fp16.index("scaler.step(optimizer)")
-    )
+        package = variant.replace("-", "_")
+        render_raw(variant, tmp_path / package)
+        engines[variant] = (tmp_path / package / "src" / package / "engine.py").read_text()
+    fp32, fp16 = engines["cpu-single-fp32"], engines["cuda-single-fp16"]
+    assert "COMPUTE_DTYPE = torch.float32" in fp32 and "GRAD_SCALER = False" in fp32
+    assert "COMPUTE_DTYPE = torch.float16" in fp16 and "GRAD_SCALER = True" in fp16
+    constants = re.compile(r"^(STRATEGY|PRECISION|COMPUTE_DTYPE|GRAD_SCALER) = .*$", re.M)
+    assert constants.sub("", fp32) == constants.sub("", fp16)
+    step = fp16[fp16.index("def clip_and_step") :]
+    unscale, clip = step.index("unscale_(self.optimizer)"), step.index("clip_grad_norm_")
+    assert unscale < clip < step.index("scaler.step(self.optimizer)")
 
 
 def tags(repo: Path) -> list[str]:

@@ -15,8 +15,12 @@ from hypothesis import strategies as st
 from scaffold.samples import render_variant
 
 NEW_VERSION = "0.2.0"
-LOOP_LINE = "    model.eval()  # dropout off"
-LOOP_FIX = "    model.eval()  # dropout off; BatchNorm uses running statistics"
+LOOP_LINE = "    engine.module.eval()  # dropout off"
+LOOP_FIX = "    engine.module.eval()  # dropout off; BatchNorm uses running statistics"
+ENGINE_LINE = "        self.optimizer.zero_grad(set_to_none=True)"
+ENGINE_FIX = "        self.optimizer.zero_grad(set_to_none=True)  # frees the gradients' memory"
+LOADER_LINE = "        batch_size=None,  # the sampler yields whole batches"
+LOADER_FIX = "        batch_size=None,  # the sampler yields whole batches of indices"
 CONFIG_LINE = "warmup_steps = 40 "
 CONFIG_FIX = "warmup_steps = 50 "
 
@@ -34,14 +38,21 @@ def commit_all(project: Path, message: str) -> None:
 
 @pytest.fixture
 def new_template(tmp_path_factory) -> Path:
-    """templates/ with a loop fix, a config change, one file dropped and one file added."""
+    """templates/ with fixes to the machinery (loop, engine, loader), a config change, one file
+    dropped and one file added."""
     template = tmp_path_factory.mktemp("template-v2") / "templates"
     shutil.copytree(REPO_ROOT / "templates", template)
-    train = template / "project" / "src" / "{{package_name}}" / "train.py.jinja"
-    text = train.read_text()
-    assert LOOP_LINE in text
-    train.write_text(text.replace(LOOP_LINE, LOOP_FIX))
-    config = template / "_variants" / "task" / "image-classification" / "train.toml"
+    package = template / "project" / "src" / "{{package_name}}"
+    engine = template / "_variants" / "engine" / "replicated.py.jinja"
+    for path, line, fix in [
+        (package / "train.py.jinja", LOOP_LINE, LOOP_FIX),
+        (engine, ENGINE_LINE, ENGINE_FIX),
+        (package / "loader.py", LOADER_LINE, LOADER_FIX),
+    ]:
+        text = path.read_text()
+        assert line in text, path
+        path.write_text(text.replace(line, fix))
+    config = template / "_variants" / "task" / "image-classification" / "train.toml.jinja"
     text = config.read_text()
     assert CONFIG_LINE in text
     config.write_text(text.replace(CONFIG_LINE, CONFIG_FIX))
@@ -186,13 +197,106 @@ def test_dry_run_shows_the_change_and_touches_nothing(project, new_template):
 def test_changing_an_answer_re_renders_and_the_tests_still_pass(project):
     result = run_scaffold("update", str(project), "--data", "precision=bf16", cwd=project.parent)
     assert result.returncode == 0, result.stderr
-    assert 'name = "bf16"' in (project / "src" / "demo" / "precision.py").read_text()
+    assert "COMPUTE_DTYPE = torch.bfloat16" in (project / "src" / "demo" / "engine.py").read_text()
     assert "precision: bf16" in (project / ".copier-answers.yml").read_text()
     tests = run_in_project(project, "-m", "pytest", "-q", "-p", "no:cacheprovider")
     assert tests.returncode == 0, tests.stdout[-3000:]
 
 
 UNTOUCHED_BY_V2 = ["src/demo/model.py", "src/demo/data.py", "README.md", "src/demo/optim.py"]
+
+
+MY_DATA = '''"""My data: random 8x8 images, labelled by their largest of the first 4 pixels."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import Dataset
+
+from .config import Config
+
+NUM_CLASSES = 4
+
+
+class Blobs(Dataset):
+    def __init__(self, count: int, seed: int):
+        generator = torch.Generator().manual_seed(seed)
+        self.images = torch.randn(count, 1, 8, 8, generator=generator)
+        self.labels = self.images.flatten(1)[:, :NUM_CLASSES].argmax(dim=1)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.as_tensor(indices, dtype=torch.long)
+        return self.images[index], self.labels[index]
+
+
+def build_datasets(config: Config) -> tuple[Blobs, Blobs]:
+    return Blobs(512, config.seed), Blobs(128, config.seed + 1)
+'''
+MY_MODEL = '''"""My model: an MLP."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from .config import Config
+from .data import NUM_CLASSES
+
+
+class MLP(nn.Module):
+    def __init__(self, dropout: float):
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(64, 128), nn.GELU(), nn.Dropout(dropout))
+        self.head = nn.Linear(128, NUM_CLASSES)
+        nn.init.normal_(self.head.weight, std=1e-3)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.head(self.body(images))
+
+    def shard_units(self) -> list[nn.Module]:
+        return [self.body]
+
+
+def build_model(config: Config) -> MLP:
+    return MLP(config.dropout)
+'''
+MY_TESTS = '''"""Tests of my data."""
+
+from demo.data import NUM_CLASSES, build_datasets
+
+
+def test_labels_are_in_range(config):
+    train, _ = build_datasets(config)
+    assert train.labels.max() < NUM_CLASSES
+'''
+
+
+def test_a_users_own_model_and_data_merge_cleanly_with_machinery_fixes(project, new_template):
+    """The user swaps in their own model, data and tests (the files the README says they own);
+    an update that fixes the loop, the engine and the loader merges without a conflict, leaves
+    their files alone, and the sanity ladder still passes on their model."""
+    mine = {"src/demo/model.py": MY_MODEL, "src/demo/data.py": MY_DATA}
+    mine["tests/test_example.py"] = MY_TESTS
+    for relative, text in mine.items():
+        (project / relative).write_text(text)
+    commit_all(project, "my model and data")
+    result = update(project, new_template)
+    assert result.returncode == 0, result.stderr
+    for relative, text in mine.items():
+        assert (project / relative).read_text() == text, relative
+    package = project / "src" / "demo"
+    assert LOOP_FIX in (package / "train.py").read_text()
+    assert ENGINE_FIX in (package / "engine.py").read_text()
+    assert LOADER_FIX in (package / "loader.py").read_text()
+    assert "<<<<<<<" not in git(project, "diff") and not list(project.rglob("*.rej"))
+    ladder = ["tests/test_model.py", "tests/test_loop.py", "tests/test_example.py"]
+    tests = run_in_project(project, "-m", "pytest", "-q", "-p", "no:cacheprovider", *ladder)
+    assert tests.returncode == 0, tests.stdout[-3000:]
+
+
 EDIT_TEXT = st.text(
     alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), min_size=1, max_size=40
 ).filter(lambda text: "<<<" not in text and ">>>" not in text and "===" not in text)
@@ -273,9 +377,7 @@ def test_broken_answers_file_and_renaming_are_refused(project, new_template):
 
 
 def test_update_from_a_subfolder_finds_the_project(project, new_template):
-    result = run_scaffold(
-        "update", "--template", str(new_template), "--template-version", NEW_VERSION,
-        cwd=project / "src" / "demo",
-    )  # fmt: skip
+    args = ["--template", str(new_template), "--template-version", NEW_VERSION]
+    result = run_scaffold("update", *args, cwd=project / "src" / "demo")
     assert result.returncode == 0, result.stderr
     assert LOOP_FIX in (project / "src" / "demo" / "train.py").read_text()

@@ -9,7 +9,7 @@ from torch import nn
 
 from cuda_ddp_fp16.model import build_model
 from cuda_ddp_fp16.optim import build_optimizer, build_scheduler
-from cuda_ddp_fp16.parallel import init_runtime
+from cuda_ddp_fp16.runtime import init_runtime
 from cuda_ddp_fp16.train import Trainer
 
 NORMS = (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d)

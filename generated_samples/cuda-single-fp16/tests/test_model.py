@@ -1,20 +1,23 @@
-"""Rungs 2 and 3 of the sanity ladder: initial loss matches theory; one batch can be memorised."""
+"""Rungs 2 and 3 of the sanity ladder, through the model contract: the initial loss matches
+theory, and one batch can be memorised. Also the model-size rule of configs/train.toml."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from functools import partial
+import functools
 
+import pytest
 import torch
 
 from cuda_single_fp16.config import parse_param_count
-from cuda_single_fp16.data import NUM_CLASSES, build_datasets
-from cuda_single_fp16.model import build_model, count_parameters, eval_sums, loss_fn
+from cuda_single_fp16.data import build_datasets
+from cuda_single_fp16.engine import Engine
+from cuda_single_fp16.model import build_model
 from cuda_single_fp16.optim import build_optimizer, build_scheduler
-from cuda_single_fp16.parallel import init_runtime, wrap_model
-from cuda_single_fp16.precision import PrecisionPolicy
-from cuda_single_fp16.train import seed_everything, train_step
+from cuda_single_fp16.resume import seed_everything
+from cuda_single_fp16.runtime import init_runtime
+from cuda_single_fp16.task import EXPECTED_INITIAL_LOSS, eval_sums, loss_fn
+from cuda_single_fp16.train import train_step
 
 
 def one_batch(config, size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -28,7 +31,7 @@ def test_initial_loss_is_ln_num_classes(config):
     inputs, targets = one_batch(config, 256)
     with torch.no_grad():
         loss = loss_fn(model(inputs), targets).item()
-    assert abs(loss - math.log(NUM_CLASSES)) < 0.15, loss
+    assert abs(loss - EXPECTED_INITIAL_LOSS) < 0.15, loss
 
 
 def test_eval_sums_stay_on_the_logits_device(config):
@@ -44,30 +47,25 @@ def test_eval_sums_stay_on_the_logits_device(config):
 def test_overfits_one_batch(config):
     config = dataclasses.replace(config, dropout=0.0, warmup_steps=10, weight_decay=0.0)
     seed_everything(config.seed)
-    device = torch.device("cpu")
-    precision = PrecisionPolicy(device)
-    trained, optimizer = wrap_model(
-        build_model(config), partial(build_optimizer, config=config), init_runtime("cpu"),
-        precision, config,
-    )  # fmt: skip
+    make_optimizer = functools.partial(build_optimizer, config=config)
+    engine = Engine(build_model(config), make_optimizer, init_runtime("cpu"), config)
     steps = 250
-    scheduler = build_scheduler(optimizer, config, total_steps=steps)
+    scheduler = build_scheduler(engine.optimizer, config, total_steps=steps)
     batch = one_batch(config, 8)  # the seeds: a model that cannot memorise 8 examples has a bug
     for _ in range(steps):
-        loss, _ = train_step(
-            trained, [batch], 1, optimizer, scheduler, precision, device, config.max_grad_norm
-        )
+        loss, _ = train_step(engine, scheduler, [batch], 1, config.max_grad_norm)
     assert loss.item() < 0.05, loss.item()
 
 
-def test_model_is_sized_from_model_size(config):
-    target = parse_param_count(config.model_size)
-    params = count_parameters(build_model(config))
-    assert target <= params < 1.5 * target, (target, params)
+@pytest.mark.parametrize(
+    ("text", "count"),
+    [("100K", 100_000), ("1.5m", 1_500_000), ("7B", 7 * 10**9), ("4096", 4096), ("1e6", 10**6)],
+)
+def test_model_size_is_a_whole_parameter_count(text, count):
+    assert parse_param_count(text) == count
 
 
-def test_parse_param_count():
-    assert parse_param_count("100K") == 100_000
-    assert parse_param_count("1.5m") == 1_500_000
-    assert parse_param_count("7B") == 7_000_000_000
-    assert parse_param_count("4096") == 4096
+@pytest.mark.parametrize("text", ["0.5", "0.0001K", "-1", "", "1.5", "ten", "1e999"])
+def test_a_model_size_that_is_not_a_whole_count_is_refused(text):
+    with pytest.raises(ValueError, match="not a whole number of parameters"):
+        parse_param_count(text)

@@ -1,4 +1,5 @@
-"""Sharded checkpoints: the complete-marker, fallback, pruning and refusal when none loads."""
+"""Checkpoints: the complete-marker, fallback past a damaged folder, refusal when none loads,
+an exact reload, pruning, and atomic writes."""
 
 from __future__ import annotations
 
@@ -9,64 +10,98 @@ from pathlib import Path
 import pytest
 import torch
 
-from cuda_zero1_bf16 import checkpoint
 from cuda_zero1_bf16.checkpoint import (
     COMPLETE_MARKER,
-    REQUIRED_KEYS,
     TRAINER_FILE,
     CheckpointManager,
+    find_latest,
+    step_folders,
 )
-from cuda_zero1_bf16.parallel import full_model_state, init_runtime
+from cuda_zero1_bf16.progress import TrainState
+from cuda_zero1_bf16.runtime import init_runtime
+from cuda_zero1_bf16.state_io import atomic_save
 from cuda_zero1_bf16.train import Trainer
 
 
-def trained_twice(config) -> tuple[CheckpointManager, list[Path]]:
+def trained_twice(config) -> tuple[Path, list[Path]]:
+    """Two epochs with a checkpoint at each end only: the checkpoint folder and its two steps."""
     config = dataclasses.replace(config, epochs=2, checkpoint_every=0)
     Trainer(config, init_runtime("cpu")).fit()
-    manager = CheckpointManager(Path(config.run_dir) / "checkpoints", config.keep_last)
-    return manager, manager.step_folders()
+    directory = Path(config.run_dir) / "checkpoints"
+    return directory, step_folders(directory)
 
 
 def test_a_folder_without_the_complete_marker_is_never_loaded(config):
-    manager, (first, second) = trained_twice(config)
-    (second / COMPLETE_MARKER).unlink()  # killed after the shards, before the marker
-    latest = manager.load_latest()
-    assert latest is not None and latest["path"] == str(first) and latest["fallback"]
+    directory, (first, second) = trained_twice(config)
+    (second / COMPLETE_MARKER).unlink()  # killed after the engine's files, before the marker
+    latest = find_latest(directory)
+    assert latest is not None and latest.folder == first and latest.fallback
 
 
 def test_a_torn_trainer_state_falls_back_and_all_torn_is_refused(config):
-    manager, folders = trained_twice(config)
-    for folder in folders:
-        (folder / TRAINER_FILE).write_bytes(b"torn")
-    assert manager.load_latest() is None
+    directory, (first, second) = trained_twice(config)
+    (second / TRAINER_FILE).write_bytes(b"torn")
+    assert find_latest(directory).folder == first
+    (first / TRAINER_FILE).write_bytes(b"torn")
+    assert find_latest(directory) is None
     with pytest.raises(ValueError, match="loads"):
-        Trainer(dataclasses.replace(config, epochs=2), init_runtime("cpu")).resume()
+        Trainer(dataclasses.replace(config, epochs=2), init_runtime("cpu"), resume=True)
 
 
-def test_a_resume_loads_the_shards_back_exactly(config):
-    manager, (_, second) = trained_twice(config)
+def test_a_resume_loads_the_weights_back_exactly(config):
+    _, (_, second) = trained_twice(config)
     config = dataclasses.replace(config, epochs=2)
-    trainer = Trainer(config, init_runtime("cpu"))
-    trainer.resume()
+    trainer = Trainer(config, init_runtime("cpu"), resume=True)
     exported = torch.load(Path(config.run_dir) / "model.pt", weights_only=True)
-    for name, value in full_model_state(trainer.model).items():
+    for name, value in trainer.engine.full_state_dict().items():
         assert torch.equal(value, exported[name]), name
     assert trainer.state.step == int(second.name.split("-")[1])
+    assert trainer.resumed_from == str(second)
 
 
-def write_stand_in_shards(folder: Path, *training_objects) -> None:
-    folder.mkdir(parents=True)
-    (folder / "shard").write_bytes(b"shard")
+class StandInEngine:
+    """Writes one small file per checkpoint: enough to test the folder handling alone."""
+
+    def save(self, folder: Path) -> None:
+        (folder / "weights").write_bytes(b"weights")
+
+    def load(self, folder: Path) -> None:
+        assert (folder / "weights").read_bytes() == b"weights"
+
+    def full_state_dict(self) -> dict:
+        return {}
 
 
-def test_pruning_keeps_the_newest_folders_and_the_best(tmp_path, monkeypatch):
-    monkeypatch.setattr(checkpoint, "save_sharded", write_stand_in_shards)  # pruning only
-    manager = CheckpointManager(tmp_path, keep_last=2)
-    extra = {key: {} for key in REQUIRED_KEYS}
+def test_pruning_keeps_the_newest_folders_and_the_best(config):
+    config = dataclasses.replace(config, keep_last=2)
+    progress = TrainState()
+    manager = CheckpointManager(
+        config, init_runtime("cpu"), StandInEngine(), {"progress": progress}, {}
+    )
     for step in range(1, 6):
-        manager.save(None, None, None, extra, step, is_best=step == 2)
-    names = [folder.name for folder in manager.step_folders()]
+        progress.step = step
+        manager.save(step, is_best=step == 2)
+    names = [folder.name for folder in step_folders(manager.directory)]
     assert names == ["step-00000002", "step-00000004", "step-00000005"]
-    assert not list(tmp_path.glob(".*partial")), "partial folders are renamed once whole"
-    shutil.rmtree(tmp_path / "step-00000005")  # a lost folder is skipped, not fatal
-    assert manager.load_latest()["path"] == str(tmp_path / "step-00000004")
+    assert not list(manager.directory.glob(".*partial")), "partial folders are renamed once whole"
+    shutil.rmtree(manager.directory / "step-00000005")  # a lost folder is skipped, not fatal
+    latest = manager.latest()
+    assert latest.folder.name == "step-00000004" and latest.fallback
+    manager.restore(latest)
+    assert progress.step == 4
+
+
+def test_atomic_save_keeps_the_previous_file_when_a_write_fails(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    atomic_save({"step": 1}, path)
+
+    def crash(obj, file):
+        file.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError):
+        atomic_save({"step": 2}, path)
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=True) == {"step": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from cuda_zero1_bf16.parallel import DS_CONFIG_PATH, load_ds_config
+from cuda_zero1_bf16.engine import DS_CONFIG_PATH, load_ds_config
 
 
 def test_the_rendered_config_loads_with_the_runs_settings(config):
@@ -21,8 +21,8 @@ def test_the_rendered_config_loads_with_the_runs_settings(config):
     ("bad", "named"),
     [
         ({"zero_optimisation": {"stage": 2}}, "zero_optimisation"),
-        ({"zero_optimization": {"stage": 2, "offload_optimiser": {}}}, "offload_optimiser"),
-        ({"bf16": {"enabled": True}}, "bf16"),
+        ({"zero_optimization": {"stage": 2, "overlap_com": True}}, "overlap_com"),
+        ({"torch_autocast": {"enabled": True}}, "torch_autocast"),
         ({"train_micro_batch_size_per_gpu": 4}, "micro_batch_size"),
         ({"gradient_clipping": 0.5}, "max_grad_norm"),
     ],

@@ -16,7 +16,7 @@ from torch.utils.data import Dataset, get_worker_info
 from conftest import PROJECT_ROOT
 from cuda_zero3_offload_fp32.data import build_datasets
 from cuda_zero3_offload_fp32.loader import epoch_iterator, make_train_loader
-from cuda_zero3_offload_fp32.parallel import init_runtime
+from cuda_zero3_offload_fp32.runtime import init_runtime
 
 
 class RandomProbe(Dataset):
@@ -33,9 +33,9 @@ class RandomProbe(Dataset):
 
 def worker_draws(config, epochs: int) -> list[list[list[float]]]:
     """Per epoch, per batch: [worker id, torch draw, numpy draw, random draw]."""
-    init_runtime("cpu")  # samplers of multi-process strategies read the process group
+    runtime = init_runtime("cpu")  # samplers of several processes read the process group
     probe_config = dataclasses.replace(config, num_workers=2, micro_batch_size=8)
-    loader = make_train_loader(RandomProbe(), probe_config)
+    loader = make_train_loader(RandomProbe(), probe_config, runtime)
     return [[batch.tolist() for batch in loader] for _ in range(epochs)]
 
 
@@ -65,9 +65,9 @@ def test_worker_streams_reproduce_in_a_fresh_process(config):
 
 def test_epoch_replay_resumes_at_the_same_batch(config):
     train_set, _ = build_datasets(config)
-    loader = make_train_loader(train_set, config)
+    loader = make_train_loader(train_set, config, init_runtime("cpu"))
     start_state = loader.generator.get_state()
-    torch.manual_seed(0)  # augmentation in the main process draws from the global RNG
+    torch.manual_seed(0)  # random transforms in the main process draw from the global RNG
     straight = list(epoch_iterator(loader, 0, start_state, skip=0))
     torch.manual_seed(0)
     rng_after_five = None
@@ -82,10 +82,10 @@ def test_epoch_replay_resumes_at_the_same_batch(config):
 
 
 def test_workers_start_from_a_forkserver_once_a_process_group_exists(config):
-    """A fork taken beside the group's gloo or NCCL threads can copy a held lock into the worker,
-    which then blocks for good; without a group a plain fork is safe and quicker."""
-    init_runtime("cpu")
-    loader = make_train_loader(RandomProbe(), dataclasses.replace(config, num_workers=2))
+    """A fork taken beside a process group's communication threads can copy a held lock into
+    the worker, which then blocks for good; without a group a plain fork is safe and quicker."""
+    probe_config = dataclasses.replace(config, num_workers=2)
+    loader = make_train_loader(RandomProbe(), probe_config, init_runtime("cpu"))
     context = loader.multiprocessing_context
     method = context.get_start_method() if context is not None else None
     assert method == ("forkserver" if torch.distributed.is_initialized() else None)

@@ -9,7 +9,7 @@ from torch import nn
 
 from cuda_zero3_offload_fp32.model import build_model
 from cuda_zero3_offload_fp32.optim import build_optimizer, build_scheduler
-from cuda_zero3_offload_fp32.parallel import init_runtime
+from cuda_zero3_offload_fp32.runtime import init_runtime
 from cuda_zero3_offload_fp32.train import Trainer
 
 NORMS = (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d)

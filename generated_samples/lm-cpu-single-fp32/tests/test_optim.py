@@ -9,7 +9,7 @@ from torch import nn
 
 from lm_cpu_single_fp32.model import build_model
 from lm_cpu_single_fp32.optim import build_optimizer, build_scheduler
-from lm_cpu_single_fp32.parallel import init_runtime
+from lm_cpu_single_fp32.runtime import init_runtime
 from lm_cpu_single_fp32.train import Trainer
 
 NORMS = (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d)

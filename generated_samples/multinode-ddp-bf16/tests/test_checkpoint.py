@@ -1,44 +1,94 @@
-"""One-file checkpoints: atomic writes, fallback past a torn file, refusal when none loads."""
+"""Checkpoints: the complete-marker, fallback past a damaged folder, refusal when none loads,
+an exact reload, pruning, and atomic writes."""
 
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from multinode_ddp_bf16.checkpoint import CheckpointManager
-from multinode_ddp_bf16.parallel import init_runtime
+from multinode_ddp_bf16.checkpoint import (
+    COMPLETE_MARKER,
+    TRAINER_FILE,
+    CheckpointManager,
+    find_latest,
+    step_folders,
+)
+from multinode_ddp_bf16.progress import TrainState
+from multinode_ddp_bf16.runtime import init_runtime
 from multinode_ddp_bf16.state_io import atomic_save
 from multinode_ddp_bf16.train import Trainer
 
 
-def test_resume_falls_back_to_the_newest_valid_checkpoint(config):
+def trained_twice(config) -> tuple[Path, list[Path]]:
+    """Two epochs with a checkpoint at each end only: the checkpoint folder and its two steps."""
     config = dataclasses.replace(config, epochs=2, checkpoint_every=0)
     Trainer(config, init_runtime("cpu")).fit()
-    manager = CheckpointManager(Path(config.run_dir) / "checkpoints", config.keep_last)
-    first, second = manager.step_files()
-    second.write_bytes(second.read_bytes()[:100])  # a torn write (last.pt shares the inode)
-    latest = manager.load_latest()
-    assert latest is not None and latest["path"] == str(first) and latest["fallback"]
+    directory = Path(config.run_dir) / "checkpoints"
+    return directory, step_folders(directory)
 
 
-def test_resume_refuses_a_folder_of_damaged_checkpoints(config):
-    config = dataclasses.replace(config, epochs=1)
-    Trainer(config, init_runtime("cpu")).fit()
-    for path in (Path(config.run_dir) / "checkpoints").glob("*.pt"):
-        path.write_bytes(b"torn")
+def test_a_folder_without_the_complete_marker_is_never_loaded(config):
+    directory, (first, second) = trained_twice(config)
+    (second / COMPLETE_MARKER).unlink()  # killed after the engine's files, before the marker
+    latest = find_latest(directory)
+    assert latest is not None and latest.folder == first and latest.fallback
+
+
+def test_a_torn_trainer_state_falls_back_and_all_torn_is_refused(config):
+    directory, (first, second) = trained_twice(config)
+    (second / TRAINER_FILE).write_bytes(b"torn")
+    assert find_latest(directory).folder == first
+    (first / TRAINER_FILE).write_bytes(b"torn")
+    assert find_latest(directory) is None
     with pytest.raises(ValueError, match="loads"):
-        Trainer(config, init_runtime("cpu")).resume()
+        Trainer(dataclasses.replace(config, epochs=2), init_runtime("cpu"), resume=True)
 
 
-def test_checkpoint_holds_the_bare_models_keys(config):
-    config = dataclasses.replace(config, epochs=1)
-    Trainer(config, init_runtime("cpu")).fit()
-    last = Path(config.run_dir) / "checkpoints" / "last.pt"
-    state = torch.load(last, weights_only=True)
-    assert not any(key.startswith(("module.", "_orig_mod.")) for key in state["model"])
+def test_a_resume_loads_the_weights_back_exactly(config):
+    _, (_, second) = trained_twice(config)
+    config = dataclasses.replace(config, epochs=2)
+    trainer = Trainer(config, init_runtime("cpu"), resume=True)
+    exported = torch.load(Path(config.run_dir) / "model.pt", weights_only=True)
+    for name, value in trainer.engine.full_state_dict().items():
+        assert torch.equal(value, exported[name]), name
+    assert trainer.state.step == int(second.name.split("-")[1])
+    assert trainer.resumed_from == str(second)
+
+
+class StandInEngine:
+    """Writes one small file per checkpoint: enough to test the folder handling alone."""
+
+    def save(self, folder: Path) -> None:
+        (folder / "weights").write_bytes(b"weights")
+
+    def load(self, folder: Path) -> None:
+        assert (folder / "weights").read_bytes() == b"weights"
+
+    def full_state_dict(self) -> dict:
+        return {}
+
+
+def test_pruning_keeps_the_newest_folders_and_the_best(config):
+    config = dataclasses.replace(config, keep_last=2)
+    progress = TrainState()
+    manager = CheckpointManager(
+        config, init_runtime("cpu"), StandInEngine(), {"progress": progress}, {}
+    )
+    for step in range(1, 6):
+        progress.step = step
+        manager.save(step, is_best=step == 2)
+    names = [folder.name for folder in step_folders(manager.directory)]
+    assert names == ["step-00000002", "step-00000004", "step-00000005"]
+    assert not list(manager.directory.glob(".*partial")), "partial folders are renamed once whole"
+    shutil.rmtree(manager.directory / "step-00000005")  # a lost folder is skipped, not fatal
+    latest = manager.latest()
+    assert latest.folder.name == "step-00000004" and latest.fallback
+    manager.restore(latest)
+    assert progress.step == 4
 
 
 def test_atomic_save_keeps_the_previous_file_when_a_write_fails(tmp_path, monkeypatch):

@@ -1,7 +1,14 @@
 """The example data: scikit-learn's bundled 8x8 handwritten digits, read a batch at a time.
 
-To train on your own data, change `build_datasets` only: return two `InMemoryImageDataset`s (or
-any map-style dataset whose `dataset[list_of_indices]` returns a whole batch).
+This file is yours: replace the data with your own; `scaffold update` leaves it alone. What the
+rest of the project needs from it (`train.py` imports nothing else from here):
+
+- `build_datasets(config) -> (train, validation)`: two map-style datasets with `len()` where
+  `dataset[list_of_indices]` returns a whole batch `(inputs, targets)`: inputs as `model.py`
+  takes them (here float32 `[B, *IMAGE_SHAPE]`), targets int64 class ids `[B]` in
+  `[0, NUM_CLASSES)`. Random augmentation draws from torch's global RNG (seeded per DataLoader
+  worker), so it repeats exactly on a resume.
+- `NUM_CLASSES`: the number of classes (the initial loss is ln of it).
 """
 
 from __future__ import annotations

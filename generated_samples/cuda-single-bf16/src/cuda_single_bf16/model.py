@@ -1,9 +1,21 @@
-"""The example model: a small CNN for 8x8 digits, sized from a target parameter count."""
+"""The example model: a small CNN for 8x8 digits, sized from a target parameter count.
+
+This file is yours: replace the model with your own; `scaffold update` leaves it alone. What the
+rest of the project needs from it (`train.py` imports nothing else from here):
+
+- `build_model(config) -> nn.Module`, whose `forward(inputs)` maps a batch of `data.py`
+  (float32 `[B, *IMAGE_SHAPE]`) to raw logits, float `[B, NUM_CLASSES]` (no softmax: the loss
+  applies log-softmax itself). Start the logits near zero, so the initial loss is
+  ln(NUM_CLASSES), the sanity ladder's rung 2.
+- `model.shard_units() -> list[nn.Module]`: the submodules a strategy that shards the model
+  wraps one at a time (each is gathered whole only while it runs); the blocks of the network.
+- No BatchNorm: batch statistics would make K accumulated micro-batches differ from one batch
+  of K times the size, and couple the samples of a batch.
+"""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import Config, parse_param_count
@@ -13,8 +25,7 @@ from .data import IMAGE_SHAPE, NUM_CLASSES
 class DigitsCNN(nn.Module):
     """Three 3x3 conv blocks and a linear head: `[B, 1, 8, 8]` float -> logits `[B, classes]`.
 
-    GroupNorm rather than BatchNorm: batch statistics would make K accumulated micro-batches
-    differ from one batch of K times the size, and would couple samples across a batch.
+    GroupNorm rather than BatchNorm (see the contract above).
     """
 
     def __init__(self, width: int, num_classes: int = NUM_CLASSES, dropout: float = 0.1):
@@ -38,7 +49,7 @@ class DigitsCNN(nn.Module):
         return self.head(self.features(images))
 
     def shard_units(self) -> list[nn.Module]:
-        """Submodules that sharded strategies wrap one by one, before the whole model."""
+        """The conv blocks: the units a sharding strategy wraps one by one."""
         return [module for module in self.features if isinstance(module, nn.Sequential)]
 
 
@@ -48,22 +59,6 @@ def _conv_block(in_channels: int, out_channels: int) -> nn.Sequential:
         nn.GroupNorm(8, out_channels),
         nn.GELU(),
     )
-
-
-def loss_fn(logits: Tensor, targets: Tensor) -> Tensor:
-    """Mean cross-entropy of raw logits `[B, C]` against int64 class ids `[B]` (a 0-dim tensor)."""
-    return F.cross_entropy(logits.float(), targets)
-
-
-def eval_sums(logits: Tensor, targets: Tensor) -> Tensor:
-    """Per-batch sums `[loss_sum, correct, count]` (float64), to be summed over batches and ranks.
-
-    Sums, not means, so that batches (and ranks) of different sizes weigh by their sample count.
-    """
-    loss_sum = F.cross_entropy(logits.float(), targets, reduction="sum")
-    correct = (logits.argmax(dim=-1) == targets).sum()
-    count = torch.tensor(float(len(targets)), device=logits.device)
-    return torch.stack([loss_sum.double(), correct.double(), count.double()])
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -89,8 +84,3 @@ def build_model(config: Config) -> DigitsCNN:
     """The example model at the width whose parameter count best reaches `config.model_size`."""
     width = width_for_param_count(parse_param_count(config.model_size))
     return DigitsCNN(width, dropout=config.dropout)
-
-
-def throughput(samples_per_second: float, config: Config, parameter_count: int) -> dict[str, float]:
-    """Task-specific rates for the run summary: none beyond samples/s for images."""
-    return {}

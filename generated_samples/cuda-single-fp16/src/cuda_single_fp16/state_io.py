@@ -1,4 +1,4 @@
-"""Durable writes and RNG states: what every checkpoint format builds on.
+"""Durable writes and trusted loads: what checkpoints and exported weights build on.
 
 A file is written to a temporary sibling, fsynced, then renamed over its name with
 `os.replace`, so a job killed mid-write leaves the previous file intact. Every saved value is a
@@ -9,38 +9,11 @@ pickled code runs on load.
 from __future__ import annotations
 
 import os
-import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import numpy as np
 import torch
-
-
-def capture_rng_state() -> dict[str, Any]:
-    """torch (CPU and every CUDA device), numpy and Python `random` states as loadable values.
-
-    numpy's state tuple holds an ndarray, which `weights_only=True` refuses: stored as a list.
-    """
-    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": [kind, keys.tolist(), pos, has_gauss, cached_gaussian],
-        "python": random.getstate(),
-    }
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    """Inverse of `capture_rng_state`."""
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    kind, keys, pos, has_gauss, cached_gaussian = state["numpy"]
-    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
-    version, internal, gauss_next = state["python"]
-    random.setstate((version, tuple(internal), gauss_next))
 
 
 def atomic_save(obj: Any, path: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import random
 import time
 from collections.abc import Iterator
@@ -14,20 +13,13 @@ from torch import Tensor
 from torch.utils.data import BatchSampler, DataLoader, Dataset
 
 from .config import Config
-from .parallel import eval_sampler, set_sampler_epoch, train_sampler
-
-
-def worker_start_method() -> str | None:
-    """How DataLoader workers start: from a clean forkserver process once this process has a
-    process group, else by the platform's default (a plain fork on Linux, the quickest).
-
-    A fork taken while one of the group's gloo or NCCL threads holds a lock leaves the worker
-    blocked for good (seen with ZeRO-3 offload on CPU: the first resumed epoch never got its
-    batch). Python 3.14 made forkserver the Linux default for this reason.
-    """
-    grouped = torch.distributed.is_available() and torch.distributed.is_initialized()
-    forkserver = "forkserver" in multiprocessing.get_all_start_methods()
-    return "forkserver" if grouped and forkserver else None
+from .runtime import (
+    WORKER_START_METHOD,
+    Runtime,
+    eval_sampler,
+    set_sampler_epoch,
+    train_sampler,
+)
 
 
 def seed_worker(worker_id: int) -> None:
@@ -35,7 +27,7 @@ def seed_worker(worker_id: int) -> None:
 
     DataLoader seeds each worker's torch RNG with `base_seed + worker_id`, and draws `base_seed`
     from the loader's generator at every `iter()`, so streams differ per worker and per epoch.
-    Seeding numpy and `random` from it keeps augmentation written with them just as distinct
+    Seeding numpy and `random` from it keeps random transforms written with them just as distinct
     (pytorch.org/docs/stable/notes/randomness.html#dataloader).
     """
     worker_seed = torch.initial_seed() % 2**32
@@ -43,21 +35,27 @@ def seed_worker(worker_id: int) -> None:
     random.seed(worker_seed)
 
 
-def make_train_loader(
-    dataset: Dataset, config: Config, rank: int = 0, pin_memory: bool = False
-) -> DataLoader:
+def make_train_loader(dataset: Dataset, config: Config, runtime: Runtime) -> DataLoader:
     """Shuffled loader of this process's `micro_batch_size` batches (last partial one dropped).
 
     One `torch.Generator` seeded with `config.seed + rank` drives the workers' base seeds, so
-    ranks draw different augmentations (and the shuffle, unless the strategy's sampler shuffles
+    ranks draw different random streams (and the shuffle, unless the runtime's sampler shuffles
     by seed and epoch, the same on every rank); `epoch_iterator` restores it to replay an epoch
     exactly. Workers are not persistent: a persistent worker's RNG would carry over epochs and
-    could not be replayed.
+    could not be replayed. Batches are pinned for asynchronous copies to a GPU.
+
+    Raises:
+        ValueError: not one whole batch per process (`micro_batch_size` too large).
     """
-    generator = torch.Generator().manual_seed(config.seed + rank)
+    generator = torch.Generator().manual_seed(config.seed + runtime.rank)
     sampler = BatchSampler(
         train_sampler(dataset, config.seed, generator), config.micro_batch_size, drop_last=True
     )
+    if len(sampler) == 0:
+        raise ValueError(
+            f"micro_batch_size={config.micro_batch_size} exceeds the {len(dataset)} training "
+            "samples of a process; lower micro_batch_size"
+        )
     return DataLoader(
         dataset,
         sampler=sampler,
@@ -65,15 +63,23 @@ def make_train_loader(
         num_workers=config.num_workers,
         worker_init_fn=seed_worker,
         generator=generator,
-        pin_memory=pin_memory,
-        multiprocessing_context=worker_start_method() if config.num_workers > 0 else None,
+        pin_memory=runtime.device.type == "cuda",
+        multiprocessing_context=WORKER_START_METHOD if config.num_workers > 0 else None,
     )
 
 
-def make_eval_loader(dataset: Dataset, config: Config, pin_memory: bool = False) -> DataLoader:
-    """Validation loader: this process's share, each sample once (the last batch may be smaller)."""
+def make_eval_loader(dataset: Dataset, config: Config, runtime: Runtime) -> DataLoader:
+    """Validation loader: this process's share, each sample once (the last batch may be smaller).
+
+    Raises:
+        ValueError: the validation split is empty.
+    """
+    if len(dataset) == 0:
+        raise ValueError("the validation split is empty; raise val_fraction or the data size")
     sampler = BatchSampler(eval_sampler(dataset), config.micro_batch_size, drop_last=False)
-    return DataLoader(dataset, sampler=sampler, batch_size=None, pin_memory=pin_memory)
+    return DataLoader(
+        dataset, sampler=sampler, batch_size=None, pin_memory=runtime.device.type == "cuda"
+    )
 
 
 def epoch_iterator(loader: DataLoader, epoch: int, generator_state: Tensor, skip: int) -> Iterator:

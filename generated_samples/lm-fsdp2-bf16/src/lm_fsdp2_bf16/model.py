@@ -1,4 +1,17 @@
-"""The example model: a GPT-style decoder over bytes, sized from a target parameter count."""
+"""The example model: a GPT-style decoder over bytes, sized from a target parameter count.
+
+This file is yours: replace the model with your own; `scaffold update` leaves it alone. What the
+rest of the project needs from it (`train.py` imports nothing else from here):
+
+- `build_model(config) -> nn.Module`, whose `forward(tokens)` maps int64 token ids `[B, T]`
+  (T <= `config.block_size`) to raw next-token logits, float `[B, T, NUM_CLASSES]` (no
+  softmax: the loss applies log-softmax itself). Start the logits near zero, so the initial
+  loss is ln(NUM_CLASSES), the sanity ladder's rung 2.
+- `model.shard_units() -> list[nn.Module]`: the submodules a strategy that shards the model
+  wraps one at a time (each is gathered whole only while it runs); the transformer blocks.
+- No BatchNorm: batch statistics would make K accumulated micro-batches differ from one batch
+  of K times the size, and couple the samples of a batch.
+"""
 
 from __future__ import annotations
 
@@ -32,7 +45,7 @@ class CausalSelfAttention(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x)). The unit FSDP shards."""
+    """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
     def __init__(self, width: int, dropout: float):
         super().__init__()
@@ -74,25 +87,8 @@ class ByteGPT(nn.Module):
         return self.head(self.ln_final(x))
 
     def shard_units(self) -> list[nn.Module]:
-        """Submodules that sharded strategies wrap one by one, before the whole model."""
+        """The transformer blocks: the units a sharding strategy wraps one by one."""
         return list(self.blocks)
-
-
-def loss_fn(logits: Tensor, targets: Tensor) -> Tensor:
-    """Mean cross-entropy over every position: logits `[B, T, V]`, int64 targets `[B, T]`."""
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-
-
-def eval_sums(logits: Tensor, targets: Tensor) -> Tensor:
-    """Per-batch sums `[loss_sum, correct, count]` over tokens (float64), to be summed over ranks.
-
-    Accuracy is next-byte accuracy. Sums, not means, so batches of any size weigh by tokens.
-    """
-    flat_logits, flat_targets = logits.float().flatten(0, 1), targets.flatten()
-    loss_sum = F.cross_entropy(flat_logits, flat_targets, reduction="sum")
-    correct = (flat_logits.argmax(dim=-1) == flat_targets).sum()
-    count = torch.tensor(float(flat_targets.numel()), device=logits.device)
-    return torch.stack([loss_sum.double(), correct.double(), count.double()])
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -125,13 +121,3 @@ def build_model(config: Config) -> ByteGPT:
     depth = depth_for(target)
     width = width_for_param_count(target, depth, config.block_size)
     return ByteGPT(width, depth, config.block_size, config.dropout)
-
-
-def throughput(samples_per_second: float, config: Config, parameter_count: int) -> dict[str, float]:
-    """Tokens per second, and model FLOPs per second (6 N per token for forward + backward, N =
-    `parameter_count`; Kaplan et al. 2020, "Scaling Laws for Neural Language Models", §2.1)."""
-    tokens_per_second = samples_per_second * config.block_size
-    return {
-        "tokens_per_second": tokens_per_second,
-        "model_flops_per_second": 6 * parameter_count * tokens_per_second,
-    }

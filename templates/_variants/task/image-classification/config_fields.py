@@ -1,3 +1,13 @@
-    # Task: image classification on the 8x8 digits.
+    # --- task: the example's data and schedule; yours to change with data.py and model.py ---
+    run_dir: str = "runs/digits"
+    val_fraction: float = 0.2
     augment: bool = True
+    dropout: float = 0.1
+    epochs: int = 30
+    micro_batch_size: int = 64
+    min_lr_ratio: float = 0.05
+    warmup_steps: int = 40
+    weight_decay: float = 0.05
+    early_stop_patience: int = 5
     task_positive_keys: ClassVar[tuple[str, ...]] = ()
+    # --- end of the task's section ---

@@ -1,5 +1,15 @@
-    # Task: byte-level language model.
-    block_size: int = 64
-    corpus_bytes: int = 300_000
+    # --- task: the example's data and schedule; yours to change with data.py and model.py ---
+    run_dir: str = "runs/stdlib-lm"
+    val_fraction: float = 0.1
     text_path: str = ""
+    corpus_bytes: int = 300_000
+    block_size: int = 64
+    dropout: float = 0.0
+    epochs: int = 4
+    micro_batch_size: int = 32
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 50
+    weight_decay: float = 0.1
+    early_stop_patience: int = 3
     task_positive_keys: ClassVar[tuple[str, ...]] = ("block_size", "corpus_bytes")
+    # --- end of the task's section ---

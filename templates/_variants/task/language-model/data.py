@@ -1,9 +1,13 @@
 """The example data of a byte-level language model: the Python standard library's own source
-(read offline, in a fixed order), or your text file.
+(read offline, in a fixed order), or your text file (`text_path` in configs/train.toml).
 
-To train on your own text, set `text_path` in configs/train.toml. For other data, change
-`build_datasets` only: any map-style dataset whose `dataset[list_of_indices]` returns a whole
-batch `(inputs, targets)` works.
+This file is yours: replace the data with your own; `scaffold update` leaves it alone. What the
+rest of the project needs from it (`train.py` imports nothing else from here):
+
+- `build_datasets(config) -> (train, validation)`: two map-style datasets with `len()` where
+  `dataset[list_of_indices]` returns a whole batch `(inputs, targets)`, both int64 token ids
+  `[B, block_size]` in `[0, NUM_CLASSES)`, targets the inputs shifted left by one token.
+- `NUM_CLASSES`: the vocabulary size (the initial loss is ln of it).
 """
 
 from __future__ import annotations
