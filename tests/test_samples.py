@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,3 +91,25 @@ def test_every_train_py_is_one_text_of_at_most_150_lines():
         assert len(text.splitlines()) <= 150, f"{variant}: {len(text.splitlines())} lines"
         texts[variant] = text
     assert len(set(texts.values())) == 1, "train.py differs between variants"
+
+
+@pytest.mark.parametrize("variant", ["cpu-single-fp32", "lm-fsdp2-bf16"])
+def test_config_defaults_equal_the_rendered_train_toml(variant):
+    """One set of defaults per task: `Config()` and configs/train.toml agree key by key."""
+    project = SAMPLES / variant
+    package = next((project / "src").glob("*/config.py")).parent.name
+    script = (
+        f"import json, sys; from {package}.config import Config, load_config; "
+        "print(json.dumps([Config().to_dict(), load_config(sys.argv[1]).to_dict()]))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(project / "src")}
+    result = subprocess.run(
+        [sys.executable, "-c", script, "configs/train.toml"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    defaults, from_toml = json.loads(result.stdout)
+    assert defaults == from_toml

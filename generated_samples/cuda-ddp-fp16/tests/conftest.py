@@ -27,11 +27,16 @@ def runtime() -> Runtime:
     return init_runtime("cpu")
 
 
+def config_for_tests(run_dir: Path) -> Config:
+    """The project's configs/train.toml on the CPU, with TEST_SETTINGS, writing into `run_dir`."""
+    base = load_config(PROJECT_ROOT / "configs" / "train.toml")
+    return dataclasses.replace(base, run_dir=str(run_dir), device="cpu", **TEST_SETTINGS)
+
+
 @pytest.fixture
 def config(tmp_path: Path, runtime: Runtime) -> Config:
-    """The project's configs/train.toml with the run folder moved into the test's temp dir."""
-    base = load_config(PROJECT_ROOT / "configs" / "train.toml")
-    return dataclasses.replace(base, run_dir=str(tmp_path / "run"), device="cpu", **TEST_SETTINGS)
+    """`config_for_tests` with the run folder in the test's temp dir."""
+    return config_for_tests(tmp_path / "run")
 
 
 def run_training(*args: str) -> subprocess.CompletedProcess:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import config_for_tests
 from cuda_ddp_fp16.checkpoint import (
     COMPLETE_MARKER,
     TRAINER_FILE,
@@ -17,40 +18,50 @@ from cuda_ddp_fp16.checkpoint import (
     find_latest,
     step_folders,
 )
+from cuda_ddp_fp16.config import Config
 from cuda_ddp_fp16.progress import TrainState
 from cuda_ddp_fp16.runtime import init_runtime
 from cuda_ddp_fp16.state_io import atomic_save
 from cuda_ddp_fp16.train import Trainer
 
 
-def trained_twice(config) -> tuple[Path, list[Path]]:
-    """Two epochs with a checkpoint at each end only: the checkpoint folder and its two steps."""
+@pytest.fixture(scope="module")
+def two_epochs(tmp_path_factory) -> Config:
+    """One run of two epochs with a checkpoint at each end only, trained once for this module."""
+    config = config_for_tests(tmp_path_factory.mktemp("two-epochs") / "run")
     config = dataclasses.replace(config, epochs=2, checkpoint_every=0)
     Trainer(config, init_runtime("cpu")).fit()
+    return config
+
+
+@pytest.fixture
+def trained(two_epochs, tmp_path) -> tuple[Config, Path, list[Path]]:
+    """A copy of that run for one test to damage: its config, checkpoint folder and steps."""
+    config = dataclasses.replace(two_epochs, run_dir=str(tmp_path / "run"))
+    shutil.copytree(two_epochs.run_dir, config.run_dir)
     directory = Path(config.run_dir) / "checkpoints"
-    return directory, step_folders(directory)
+    return config, directory, step_folders(directory)
 
 
-def test_a_folder_without_the_complete_marker_is_never_loaded(config):
-    directory, (first, second) = trained_twice(config)
+def test_a_folder_without_the_complete_marker_is_never_loaded(trained):
+    _, directory, (first, second) = trained
     (second / COMPLETE_MARKER).unlink()  # killed after the engine's files, before the marker
     latest = find_latest(directory)
     assert latest is not None and latest.folder == first and latest.fallback
 
 
-def test_a_torn_trainer_state_falls_back_and_all_torn_is_refused(config):
-    directory, (first, second) = trained_twice(config)
+def test_a_torn_trainer_state_falls_back_and_all_torn_is_refused(trained):
+    config, directory, (first, second) = trained
     (second / TRAINER_FILE).write_bytes(b"torn")
     assert find_latest(directory).folder == first
     (first / TRAINER_FILE).write_bytes(b"torn")
     assert find_latest(directory) is None
     with pytest.raises(ValueError, match="loads"):
-        Trainer(dataclasses.replace(config, epochs=2), init_runtime("cpu"), resume=True)
+        Trainer(config, init_runtime("cpu"), resume=True)
 
 
-def test_a_resume_loads_the_weights_back_exactly(config):
-    _, (_, second) = trained_twice(config)
-    config = dataclasses.replace(config, epochs=2)
+def test_a_resume_loads_the_weights_back_exactly(trained):
+    config, _, (_, second) = trained
     trainer = Trainer(config, init_runtime("cpu"), resume=True)
     exported = torch.load(Path(config.run_dir) / "model.pt", weights_only=True)
     for name, value in trainer.engine.full_state_dict().items():
