@@ -13,8 +13,9 @@ from cuda_zero2_bf16.runtime import init_runtime, shutdown_runtime
 from cuda_zero2_bf16.train import Trainer
 
 
-def main(config_path: str, run_dir: str) -> None:
-    config = load_config(config_path, ["device=cpu", "grad_accum_steps=3", "stop_after_steps=4"])
+def main(config_path: str, run_dir: str, *overrides: str) -> None:
+    settings = ["device=cpu", "grad_accum_steps=3", "stop_after_steps=4", *overrides]
+    config = load_config(config_path, settings)
     runtime = init_runtime("cpu")
     trainer = Trainer(dataclasses.replace(config, run_dir=run_dir), runtime)
     trainer.fit()
@@ -27,4 +28,4 @@ def main(config_path: str, run_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])

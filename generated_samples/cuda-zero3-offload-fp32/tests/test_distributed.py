@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import RANDOMNESS_OFF, TEST_OVERRIDES
+from conftest import RANDOMNESS_OFF, TEST_OVERRIDES, config_for_tests
 from cuda_zero3_offload_fp32.checkpoint import find_latest
-from cuda_zero3_offload_fp32.config import load_config
 from cuda_zero3_offload_fp32.engine import COMPUTE_DTYPE
 from cuda_zero3_offload_fp32.model import build_model
 
@@ -100,9 +99,7 @@ def test_two_processes_match_one_at_the_same_global_batch(tmp_path, scratch):
     summary = json.loads((two / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["global_batch_size"] == 128
     weights = exported_weights(two)  # one full state dict, whatever the strategy sharded
-    build_model(load_config(PROJECT_ROOT / "configs" / "train.toml")).load_state_dict(
-        weights, strict=True
-    )
+    build_model(config_for_tests(two)).load_state_dict(weights, strict=True)
 
 
 def test_two_process_resume_mid_epoch_is_bitwise(tmp_path, scratch):
@@ -124,7 +121,7 @@ def test_parameters_are_identical_on_every_rank_after_accumulation(tmp_path, scr
     probe = PROJECT_ROOT / "tests" / "rank_probe.py"
     config = PROJECT_ROOT / "configs" / "train.toml"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    command += [str(probe), str(config), str(tmp_path)]
+    command += [str(probe), str(config), str(tmp_path), *TEST_OVERRIDES]
     result = run(command, launcher_env(scratch))
     assert result.returncode == 0, result.stderr[-4000:]
     rank0, rank1 = (torch.load(tmp_path / f"params-rank{r}.pt") for r in (0, 1))
