@@ -58,7 +58,7 @@ def _check_model_size(answers: Answers) -> None:
     if answers.task == "image-classification" and answers.model_params > MAX_IMAGE_MODEL_PARAMS:
         raise AnswerError(
             f"model_size={answers.model_size} is too large for the 8x8-digits example model; "
-            "answer at most 50M (or task=language-model when it is available)"
+            "answer at most 50M, or task=language-model"
         )
 
 
