@@ -103,7 +103,7 @@ def test_pruning_keeps_the_newest_folders_and_the_best(config):
 
 
 def test_atomic_save_keeps_the_previous_file_when_a_write_fails(tmp_path, monkeypatch):
-    path = tmp_path / "last.pt"
+    path = tmp_path / "weights.pt"
     atomic_save({"step": 1}, path)
 
     def crash(obj, file):
@@ -115,4 +115,4 @@ def test_atomic_save_keeps_the_previous_file_when_a_write_fails(tmp_path, monkey
         atomic_save({"step": 2}, path)
     monkeypatch.undo()
     assert torch.load(path, weights_only=True) == {"step": 1}
-    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["weights.pt"]
