@@ -33,7 +33,7 @@ SUMMARY_KEYS = {
 def test_short_run_moves_the_validation_metric_and_writes_the_summary(config):
     config = dataclasses.replace(config, epochs=2)
     summary = Trainer(config, init_runtime("cpu")).fit()
-    assert summary["val_loss"] < 0.7 * EXPECTED_INITIAL_LOSS, summary["val_loss"]
+    assert summary["val_loss"] < 0.95 * EXPECTED_INITIAL_LOSS, summary["val_loss"]
     written = json.loads((Path(config.run_dir) / "summary.json").read_text())
     assert written.keys() >= SUMMARY_KEYS
     assert written["val_accuracy"] == summary["val_accuracy"]
@@ -55,6 +55,14 @@ def test_exported_weights_load_into_a_plain_model(config):
     assert not any(key.startswith(("module.", "_orig_mod.")) for key in weights)
     build_model(config).load_state_dict(weights, strict=True)
     assert latest_checkpoint(Path(config.run_dir))["components"]["progress"]["epoch"] == 1
+
+
+def test_a_resume_with_nothing_left_keeps_the_runs_summary(config):
+    config = dataclasses.replace(config, epochs=1)
+    summary = Trainer(config, init_runtime("cpu")).fit()
+    written = (Path(config.run_dir) / "summary.json").read_text()
+    assert Trainer(config, init_runtime("cpu"), resume=True).fit() == summary
+    assert (Path(config.run_dir) / "summary.json").read_text() == written
 
 
 def test_starting_over_in_a_used_run_folder_is_refused(config):

@@ -9,7 +9,7 @@ import functools
 import pytest
 import torch
 
-from lm_zero3_bf16.config import parse_param_count
+from lm_zero3_bf16.config import load_config, parse_param_count
 from lm_zero3_bf16.data import build_datasets
 from lm_zero3_bf16.engine import Engine
 from lm_zero3_bf16.model import build_model
@@ -51,7 +51,7 @@ def test_overfits_one_batch(config):
     engine = Engine(build_model(config), make_optimizer, init_runtime("cpu"), config)
     steps = 250
     scheduler = build_scheduler(engine.optimizer, config, total_steps=steps)
-    batch = one_batch(config, 8)  # the seeds: a model that cannot memorise 8 examples has a bug
+    batch = one_batch(config, 8)  # a model that cannot memorise 8 examples has a bug
     for _ in range(steps):
         loss, _ = train_step(engine, scheduler, [batch], 1, config.max_grad_norm)
     assert loss.item() < 0.05, loss.item()
@@ -63,6 +63,11 @@ def test_overfits_one_batch(config):
 )
 def test_model_size_is_a_whole_parameter_count(text, count):
     assert parse_param_count(text) == count
+
+
+def test_text_settings_take_the_command_lines_text_as_written():
+    config = load_config(None, ["model_size=1e6", "run_dir=runs/try2", "lr=1e-3"])
+    assert (config.model_size, config.run_dir, config.lr) == ("1e6", "runs/try2", 1e-3)
 
 
 @pytest.mark.parametrize("text", ["0.5", "0.0001K", "-1", "", "1.5", "ten", "1e999"])

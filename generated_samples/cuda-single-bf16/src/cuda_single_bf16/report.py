@@ -94,7 +94,14 @@ class RunLog:
     def summary(
         self, state: TrainState, checkpoint_dir: Path, resumed_from: str | None
     ) -> dict[str, Any]:
-        """Build the run summary; the main process prints it and writes summary.json / .md."""
+        """Build the run summary; the main process prints it and writes summary.json / .md.
+
+        A resumed run with nothing left to train keeps the summary its last training wrote.
+        """
+        written = Path(self.config.run_dir) / "summary.json"
+        if self.stats["samples"] == 0 and written.is_file():
+            self.runtime.notice(f"nothing left to train at step {state.step}; see {written}")
+            return json.loads(written.read_text(encoding="utf-8"))
         summary = build_summary(
             config=self.config,
             state=state,
@@ -140,7 +147,8 @@ def build_summary(
     early_stopped: bool,
     resumed_from: str | None,
 ) -> dict[str, Any]:
-    """The run summary (seeds' output contract) as plain values, for summary.json.
+    """The run summary as plain values, for summary.json: run, global batch, LR schedule,
+    steps and epochs, the initial-loss sanity check, results and throughput.
 
     `stats` holds `samples` (all processes), `train_seconds` (training only, no validation) and
     `data_seconds` (waiting on the loader); rates are per second of training time.
@@ -182,7 +190,6 @@ def build_summary(
 def format_summary(summary: dict[str, Any]) -> str:
     """The run summary as Markdown, one bold-labelled line per field of the output contract."""
     config = summary["config"]
-    best = summary["best"]
     lines = [
         f"**Run:** {summary['run_dir']} | commit {summary['git_commit']} | seed {config['seed']} "
         f"| torch {summary['torch_version']} | {summary['device']} {summary['strategy']} "
@@ -194,15 +201,24 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"epoch(s){' (early stop)' if summary['early_stopped'] else ''}",
         f"**Sanity:** initial loss {summary['initial_loss']:.4f} (expected "
         f"{summary['expected_initial_loss']:.4f}); resumed from: {summary['resumed_from'] or 'no'}",
-        f"**Results:** val accuracy {summary['val_accuracy']:.4f}, val loss "
-        f"{summary['val_loss']:.4f}; best {config['monitor']} {best['value']:.4f} at step "
-        f"{best['step']} (epoch {best['epoch']}); checkpoint {summary['checkpoint']}",
+        _results(summary),
         f"**Throughput:** {describe_throughput(summary)} | data-loader time share "
         f"{summary['data_time_share']:.1%} | peak memory "
         f"{summary['peak_memory_bytes'] / 2**20:,.0f} MiB | "
         f"train time {summary['train_seconds']:.1f} s",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _results(summary: dict[str, Any]) -> str:
+    best, monitor = summary["best"], summary["config"]["monitor"]
+    if best["step"] < 0:
+        return f"**Results:** no validation yet; checkpoint {summary['checkpoint']}"
+    return (
+        f"**Results:** val accuracy {summary['val_accuracy']:.4f}, val loss "
+        f"{summary['val_loss']:.4f}; best {monitor} {best['value']:.4f} at step "
+        f"{best['step']} (epoch {best['epoch']}); checkpoint {summary['checkpoint']}"
+    )
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> str:

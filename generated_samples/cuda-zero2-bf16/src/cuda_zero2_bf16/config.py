@@ -134,8 +134,8 @@ def load_config(
 ) -> Config:
     """Build a Config from a TOML file (optional) and `key=value` overrides, applied in that order.
 
-    Values are parsed as TOML (`lr=1e-3`, `compile=false`); a value that is not valid TOML is
-    taken as a string (`run_dir=runs/try2`).
+    Values are parsed as TOML (`lr=1e-3`, `compile=false`); a text setting takes the text as
+    written, quoted or not (`run_dir=runs/try2`, `model_size=1e6`).
 
     Raises:
         ValueError: an unknown key, a value of the wrong type, or an override without `=`.
@@ -151,15 +151,19 @@ def load_config(
         key, sep, raw = override.partition("=")
         if not sep:
             raise ValueError(f"override {override!r} is not key=value; e.g. lr=1e-3")
-        values.update(_checked_keys({key.strip(): _parse_value(raw.strip())}, "the command line"))
+        key = key.strip()
+        values.update(_checked_keys({key: _parse_value(key, raw.strip())}, "the command line"))
     return _typed_config(values)
 
 
-def _parse_value(raw: str) -> Any:
+def _parse_value(key: str, raw: str) -> Any:
     try:
-        return tomllib.loads(f"value = {raw}")["value"]
+        value = tomllib.loads(f"value = {raw}")["value"]
     except tomllib.TOMLDecodeError:
         return raw
+    field = next((f for f in dataclasses.fields(Config) if f.name == key), None)
+    text_setting = field is not None and isinstance(field.default, str)
+    return raw if text_setting and not isinstance(value, str) else value
 
 
 def _checked_keys(values: dict[str, Any], source: str) -> dict[str, Any]:

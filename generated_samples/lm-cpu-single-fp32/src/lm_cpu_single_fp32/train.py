@@ -1,8 +1,9 @@
 """Train: `python -m lm_cpu_single_fp32.train [--resume] [--config PATH] [key=value ...]`.
 
-One optimizer step (the seeds' order): zero_grad -> per micro-batch: autocast(forward + loss),
-backward(loss / micro-batches) -> unscale -> clip -> step -> scheduler.step(). Validation runs
-every epoch under eval() + inference_mode(), its metrics summed over every rank's samples.
+One optimizer step, in the order of PyTorch's AMP recipe: zero_grad -> per micro-batch:
+autocast(forward + loss), backward(loss / micro-batches) -> unscale -> clip -> step ->
+scheduler.step(). Validation runs every epoch under eval() + inference_mode(), its metrics
+summed over every rank's samples.
 """
 
 from __future__ import annotations
