@@ -67,7 +67,7 @@ QUESTIONS: tuple[Question, ...] = (
         str,
         "pytorch",
         ("pytorch", "fabric", "accelerate"),
-        ("pytorch",),
+        ("pytorch", "fabric", "accelerate"),
     ),
     Question(
         "strategy",
@@ -87,6 +87,20 @@ QUESTIONS: tuple[Question, ...] = (
     Question("compile", "torch.compile the model", bool, False),
 )
 QUESTION_BY_KEY = {question.key: question for question in QUESTIONS}
+
+# Strategies each framework renders. Every variant is tested by running it on CPU, and these
+# framework paths refuse CPUs or silently fall back there: Fabric's DeepSpeedStrategy refuses
+# CPU; Accelerate ignores its FSDP plugin on CPU (plain DDP instead) and DeepSpeed with cpu=True.
+FRAMEWORK_STRATEGIES = {
+    "fabric": ("single", "ddp", "fsdp2"),
+    "accelerate": ("single", "ddp"),
+}
+
+
+def framework_renders(framework: str, strategy: str) -> bool:
+    """True if `framework` renders `strategy` (`auto` always: the planner checks its choice)."""
+    return strategy == "auto" or strategy in FRAMEWORK_STRATEGIES.get(framework, (strategy,))
+
 
 # Names that would shadow a module the project imports, or the standard library.
 RESERVED_PACKAGE_NAMES = frozenset(sys.stdlib_module_names) | {

@@ -8,7 +8,14 @@ from typing import Any
 
 import questionary
 
-from scaffold.answers import QUESTIONS, AnswerError, Question, coerce, package_name_for
+from scaffold.answers import (
+    QUESTIONS,
+    AnswerError,
+    Question,
+    coerce,
+    framework_renders,
+    package_name_for,
+)
 
 
 def ask(answered: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
@@ -24,11 +31,22 @@ def ask(answered: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, A
         hardware = answers.get("hardware", answered.get("hardware", defaults.get("hardware")))
         if question.only_for_cuda and hardware != "cuda":
             continue
-        answers[question.key] = _ask_one(question, defaults.get(question.key, question.default))
+        framework = answers.get("framework", answered.get("framework", "pytorch"))
+        default = defaults.get(question.key, question.default)
+        answers[question.key] = _ask_one(question, default, framework)
     return answers
 
 
-def _ask_one(question: Question, default: Any) -> Any:
+def _unavailable(question: Question, value: str, framework: str) -> str | None:
+    """Why `value` cannot be picked (shown beside it), or None if it can."""
+    if not question.renders(value):
+        return "not available yet"
+    if question.key == "strategy" and not framework_renders(framework, value):
+        return f"not with {framework} yet"
+    return None
+
+
+def _ask_one(question: Question, default: Any, framework: str) -> Any:
     if question.kind is bool:
         return questionary.confirm(question.prompt, default=bool(default)).unsafe_ask()
     if question.choices:
@@ -36,7 +54,7 @@ def _ask_one(question: Question, default: Any) -> Any:
             questionary.Choice(
                 value,
                 value=value,
-                disabled=None if question.renders(value) else "not available yet",
+                disabled=_unavailable(question, value, framework),
             )
             for value in question.choices
         ]

@@ -94,5 +94,34 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "precision": "bf16",
         "model_size": "1M",
     },
+    # The frameworks: each strategy it renders, tested on CPU in fp32 or bf16 (bf16 and fp16
+    # on CPU cost 5-100x fp32 per matmul here; fp16's mapping is checked at render time).
+    "fabric-cpu-single-bf16": {**COMMON, **CPU, "framework": "fabric", "precision": "bf16"},
+    "fabric-cpu-ddp-fp32": {
+        **COMMON,
+        **CPU,
+        "framework": "fabric",
+        "strategy": "ddp",
+        "precision": "fp32",
+    },
+    "fabric-lm-fsdp2-fp32": {
+        **COMMON,
+        **CUDA_AMPERE,
+        "task": "language-model",
+        "framework": "fabric",
+        "strategy": "fsdp2",
+        "gpus_per_node": 8,
+        "precision": "fp32",
+        "model_size": "1M",
+    },
+    "accelerate-cpu-single-fp32": {**COMMON, **CPU, "framework": "accelerate", "precision": "fp32"},
+    "accelerate-cuda-ddp-bf16": {
+        **COMMON,
+        **CUDA_AMPERE,
+        "framework": "accelerate",
+        "strategy": "ddp",
+        "gpus_per_node": 4,
+        "precision": "bf16",
+    },
 }
 DEFAULT_VARIANT = "cpu-single-fp32"

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from scaffold.answers import (
+    QUESTION_BY_KEY,
     QUESTIONS,
     build_answers,
     merge_sources,
@@ -155,3 +156,38 @@ def test_scaffold_and_the_rendered_project_share_one_model_size_rule(text):
         assert str(refused.value) == str(error)
     else:
         assert parse_model_size(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("framework", "strategy"),
+    [("fabric", "zero3"), ("fabric", "zero1"), ("accelerate", "fsdp2"), ("accelerate", "zero2")],
+)
+def test_a_strategy_the_framework_does_not_render_is_refused_with_the_way_out(framework, strategy):
+    with pytest.raises(NotAvailableYet, match=f"framework={framework} with strategy={strategy}"):
+        plan(answers(hardware="cuda", gpu_arch="ampere", gpus_per_node=4,
+                     framework=framework, strategy=strategy))  # fmt: skip
+
+
+def test_the_planners_own_choice_is_checked_against_the_framework():
+    """7B on 4 x 16 GB: the planner picks ZeRO-3 with offload, which Fabric does not render."""
+    with pytest.raises(NotAvailableYet, match="strategy=single or ddp or fsdp2"):
+        plan(answers(hardware="cuda", gpu_arch="ampere", gpus_per_node=4, gpu_memory_gb=16,
+                     task="language-model", model_size="7B", framework="fabric"))  # fmt: skip
+
+
+def test_every_framework_renders_what_the_planner_picks_for_a_small_model():
+    for framework in ("pytorch", "fabric", "accelerate"):
+        resolved = plan(answers(hardware="cuda", gpu_arch="ampere", gpus_per_node=4,
+                                framework=framework)).answers  # fmt: skip
+        assert (resolved.framework, resolved.strategy) == (framework, "ddp")
+
+
+def test_the_questionnaire_disables_strategies_the_chosen_framework_does_not_render():
+    from scaffold.questionnaire import _unavailable
+
+    strategy = QUESTION_BY_KEY["strategy"]
+    assert _unavailable(strategy, "zero3", "fabric") == "not with fabric yet"
+    assert _unavailable(strategy, "fsdp2", "accelerate") == "not with accelerate yet"
+    assert _unavailable(strategy, "fsdp2", "fabric") is None
+    assert _unavailable(strategy, "zero3", "pytorch") is None
+    assert _unavailable(QUESTION_BY_KEY["hardware"], "mps", "pytorch") == "not available yet"

@@ -107,7 +107,10 @@ BAD_INPUTS = {
         ],
         "precision=bf16 or fp32",
     ),  # fmt: skip
-    "fabric-later": (["x", "--defaults", "--data", "framework=fabric"], "not available yet"),
+    "fabric-zero3": (
+        ["x", "--defaults", "--data", "framework=fabric", "--data", "strategy=zero3"],
+        "framework=fabric with strategy=zero3 is not available yet",
+    ),
     "zero3-fp16": (
         [
             "x",

@@ -12,17 +12,36 @@ import copier
 import pytest
 from conftest import ruff
 
+from scaffold.answers import FRAMEWORK_STRATEGIES
 from scaffold.render import ensure_template_repo, template_repo_source
 from scaffold.variants import VARIANTS
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "templates"
 
 
-def render_raw(variant: str, dest: Path) -> None:
+# Framework renders the matrix does not run: fp16 (GPU-only in the frameworks' own paths) and
+# the other precision of each strategy.
+TURING = {**VARIANTS["cuda-single-fp16"]}
+FRAMEWORK_RENDERS = {
+    f"{framework}-{strategy}-{precision}": {
+        **(TURING if precision == "fp16" else VARIANTS["cuda-ddp-bf16"]),
+        "framework": framework,
+        "strategy": strategy,
+        "precision": precision,
+        "gpus_per_node": 1 if strategy == "single" else 4,
+    }
+    for framework, strategies in FRAMEWORK_STRATEGIES.items()
+    for strategy in strategies
+    for precision in ("fp32", "bf16", "fp16")
+    if not (precision == "fp16" and strategy == "fsdp2")
+}
+
+
+def render_raw(variant: str, dest: Path, answers: dict | None = None) -> None:
     """copier alone (no ruff format, no git): what `scaffold update` will re-render and merge."""
     src, tag = ensure_template_repo()
     data = {
-        **VARIANTS[variant],
+        **(answers or VARIANTS[variant]),
         "project_name": dest.name,
         "package_name": dest.name.replace("-", "_"),
     }
@@ -31,10 +50,7 @@ def render_raw(variant: str, dest: Path) -> None:
         copier.run_copy(src, dest, data=data, vcs_ref=tag, defaults=True, quiet=True)
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_raw_render_is_lint_and_format_clean_with_no_jinja_left(tmp_path, variant):
-    project = tmp_path / "proj"
-    render_raw(variant, project)
+def assert_clean(project: Path) -> None:
     assert ruff(project, "check").returncode == 0, ruff(project, "check").stdout
     formatted = ruff(project, "format", "--check")
     assert formatted.returncode == 0, f"format would change files: {formatted.stdout}"
@@ -42,6 +58,41 @@ def test_raw_render_is_lint_and_format_clean_with_no_jinja_left(tmp_path, varian
         if path.is_file():
             text = path.read_text()
             assert "{{" not in text and "{%" not in text, path
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_raw_render_is_lint_and_format_clean_with_no_jinja_left(tmp_path, variant):
+    project = tmp_path / "proj"
+    render_raw(variant, project)
+    assert_clean(project)
+
+
+@pytest.mark.parametrize("name", list(FRAMEWORK_RENDERS))
+def test_every_framework_strategy_and_precision_renders_clean(tmp_path, name):
+    """Also under a name that sorts before `conftest`: the tests' imports stay sorted."""
+    project = tmp_path / f"aa-{name}"
+    render_raw(name, project, FRAMEWORK_RENDERS[name])
+    assert_clean(project)
+    engine = (project / "src" / project.name.replace("-", "_") / "engine.py").read_text()
+    framework = FRAMEWORK_RENDERS[name]["framework"]
+    assert ("Fabric(" if framework == "fabric" else "Accelerator(") in engine
+    step = engine[engine.index("def clip_and_step") :]
+    clip = step.index("clip_gradients(" if framework == "fabric" else "clip_grad_norm_(")
+    assert clip < step.index("self.optimizer.step()")  # the frameworks unscale inside clipping
+
+
+def test_framework_fp16_keeps_loss_scaling_explicit(tmp_path):
+    """Fabric turns "16-mixed" on a CPU into another precision unless handed a scaler, and
+    Accelerate leaves fp16 on a CPU in fp32: the engines say so instead."""
+    engines = {}
+    for framework in FRAMEWORK_STRATEGIES:
+        project = tmp_path / f"{framework}-fp16"
+        render_raw("", project, FRAMEWORK_RENDERS[f"{framework}-single-fp16"])
+        engines[framework] = project / "src" / project.name.replace("-", "_") / "engine.py"
+    fabric, accelerate = (engines[f].read_text() for f in ("fabric", "accelerate"))
+    assert 'COMPUTE_DTYPE: "16-mixed"' in fabric and "GradScaler(device.type, enabled=" in fabric
+    assert 'COMPUTE_DTYPE: "fp16"' in accelerate
+    assert "Accelerate runs fp16 on CUDA only" in accelerate
 
 
 def test_precision_is_data_in_one_engine_text(tmp_path):

@@ -52,6 +52,10 @@ STRATEGY_WORDS = {
     "zero": ["DeepSpeed", "deepspeed", r"\bZeRO\b", "ds_config", "[Oo]ffload", "CPU Adam"],
     "multi-process": ["torchrun", r"\bgloo\b", r"\bNCCL\b"],
 }
+FRAMEWORK_WORDS = {
+    "fabric": ["Fabric", r"\blightning\b"],
+    "accelerate": ["Accelerate", r"\baccelerate\b", "Accelerator"],
+}
 PRECISION_WORDS = {"bf16": ["bf16", "bfloat16"], "fp16": [r"\bfp16", r"\bfloat16"]}
 TASK_WORDS = {
     "image-classification": ["digits", "[Ii]mage", r"\bCNN\b", "augment", "pixel"],
@@ -68,11 +72,13 @@ def words_a_variant_must_not_name(answers: dict) -> list[str]:
         w for key, words in PRECISION_WORDS.items() if key != answers["precision"] for w in words
     ]
     banned += [w for key, words in TASK_WORDS.items() if key != answers["task"] for w in words]
+    framework = answers["framework"]
+    banned += [w for key, words in FRAMEWORK_WORDS.items() if key != framework for w in words]
     return banned
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_no_rendered_file_names_a_strategy_precision_or_task_it_does_not_use(variant):
+def test_no_rendered_file_names_a_strategy_precision_task_or_framework_it_does_not_use(variant):
     banned = re.compile("|".join(words_a_variant_must_not_name(VARIANTS[variant])))
     found = []
     for path in sorted((SAMPLES / variant).rglob("*")):

@@ -1,16 +1,53 @@
 """Run under torchrun by test_distributed.py: train a few accumulated steps, then save this
-rank's flattened parameters so the test can compare the ranks bitwise."""
+rank's flattened parameters (the test compares the ranks bitwise) and what ran, as seen from
+inside the run: the world size, the wrappers around the model, the share of each parameter
+this rank stores, and the dtypes the layers computed in."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 
 import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
 
 from cuda_ddp_bf16.config import load_config
 from cuda_ddp_bf16.runtime import init_runtime, shutdown_runtime
 from cuda_ddp_bf16.train import Trainer
+
+WRAPPER_ATTRIBUTES = ("_forward_module", "_orig_mod", "module")  # where wrappers keep the wrapped
+
+
+def wrapper_names(module: nn.Module) -> list[str]:
+    """Class names from the outermost wrapper in to the model, e.g. [OptimizedModule, Model]."""
+    names = []
+    while module is not None:
+        names.append(type(module).__name__)
+        inner = (getattr(module, name, None) for name in WRAPPER_ATTRIBUTES)
+        module = next((m for m in inner if isinstance(m, nn.Module)), None)
+    return names
+
+
+def stored_fraction(model: nn.Module) -> float:
+    """Elements this rank stores over elements in the whole model (1.0 when replicated)."""
+    local = full = 0
+    for parameter in model.parameters():
+        stored = parameter.to_local() if isinstance(parameter, DTensor) else parameter
+        local += stored.numel()
+        full += parameter.numel()
+    return local / full
+
+
+def record_compute_dtypes(model: nn.Module) -> set[str]:
+    """Collects the output dtype of every linear and convolution layer as training runs."""
+    seen: set[str] = set()
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Conv2d)):
+            module.register_forward_hook(lambda _module, _inputs, out: seen.add(str(out.dtype)))
+    return seen
 
 
 def main(config_path: str, run_dir: str, *overrides: str) -> None:
@@ -18,7 +55,17 @@ def main(config_path: str, run_dir: str, *overrides: str) -> None:
     config = load_config(config_path, settings)
     runtime = init_runtime("cpu")
     trainer = Trainer(dataclasses.replace(config, run_dir=run_dir), runtime)
+    compute_dtypes = record_compute_dtypes(trainer.engine.model)
     trainer.fit()
+    facts = {
+        "world_size": dist.get_world_size(),
+        "runtime_world_size": runtime.world_size,
+        "wrappers": wrapper_names(trainer.engine.module),
+        "stored_fraction": stored_fraction(trainer.engine.model),
+        "compute_dtypes": sorted(compute_dtypes),
+    }
+    with open(f"{run_dir}/ran-rank{runtime.rank}.json", "w") as file:
+        json.dump(facts, file)
     # The whole parameters as this rank sees them (gathered where the strategy shards them).
     state = trainer.engine.full_state_dict()
     flat = torch.cat([state[name].flatten() for name, _ in trainer.engine.model.named_parameters()])

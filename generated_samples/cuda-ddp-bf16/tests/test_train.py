@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_training
 from cuda_ddp_bf16.checkpoint import find_latest
 from cuda_ddp_bf16.model import build_model
 from cuda_ddp_bf16.runtime import init_runtime
 from cuda_ddp_bf16.task import EXPECTED_INITIAL_LOSS
 from cuda_ddp_bf16.train import Trainer
+
+from conftest import run_training
 
 SUMMARY_KEYS = {
     "val_accuracy",

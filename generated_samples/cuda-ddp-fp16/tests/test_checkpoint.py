@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import config_for_tests
 from cuda_ddp_fp16.checkpoint import (
     COMPLETE_MARKER,
     TRAINER_FILE,
@@ -23,6 +22,8 @@ from cuda_ddp_fp16.progress import TrainState
 from cuda_ddp_fp16.runtime import init_runtime
 from cuda_ddp_fp16.state_io import atomic_save
 from cuda_ddp_fp16.train import Trainer
+
+from conftest import config_for_tests
 
 
 @pytest.fixture(scope="module")

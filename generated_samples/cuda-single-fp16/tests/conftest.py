@@ -40,8 +40,8 @@ def config(tmp_path: Path, runtime: Runtime) -> Config:
 
 
 def run_training(*args: str) -> subprocess.CompletedProcess:
-    """`python -m cuda_single_fp16.train ARGS` in a fresh interpreter, from the project root
-    (with TEST_SETTINGS applied first)."""
+    """The training entry point (`python -m <package>.train`) with ARGS in a fresh
+    interpreter, from the project root, TEST_SETTINGS applied first."""
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
     command = [sys.executable, "-m", "cuda_single_fp16.train", *TEST_OVERRIDES, *args]
     result = subprocess.run(command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True)

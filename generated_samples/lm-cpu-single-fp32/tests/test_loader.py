@@ -13,10 +13,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
-from conftest import PROJECT_ROOT
 from lm_cpu_single_fp32.data import build_datasets
 from lm_cpu_single_fp32.loader import epoch_iterator, make_train_loader
 from lm_cpu_single_fp32.runtime import init_runtime
+
+from conftest import PROJECT_ROOT
 
 
 class RandomProbe(Dataset):

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_training
 from lm_cpu_single_fp32.checkpoint import find_latest
 from lm_cpu_single_fp32.model import build_model
 from lm_cpu_single_fp32.runtime import init_runtime
 from lm_cpu_single_fp32.task import EXPECTED_INITIAL_LOSS
 from lm_cpu_single_fp32.train import Trainer
+
+from conftest import run_training
 
 SUMMARY_KEYS = {
     "val_accuracy",

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import config_for_tests
 from lm_ddp_bf16.checkpoint import (
     COMPLETE_MARKER,
     TRAINER_FILE,
@@ -23,6 +22,8 @@ from lm_ddp_bf16.progress import TrainState
 from lm_ddp_bf16.runtime import init_runtime
 from lm_ddp_bf16.state_io import atomic_save
 from lm_ddp_bf16.train import Trainer
+
+from conftest import config_for_tests
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import RANDOMNESS_OFF, TEST_OVERRIDES, config_for_tests
 from lm_zero3_bf16.checkpoint import find_latest
 from lm_zero3_bf16.engine import COMPUTE_DTYPE
 from lm_zero3_bf16.model import build_model
+
+from conftest import RANDOMNESS_OFF, TEST_OVERRIDES, config_for_tests
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 COMPARABLE = [*RANDOMNESS_OFF, "log_every=1", "grad_accum_steps=2", "epochs=1"]
@@ -117,13 +118,22 @@ def test_two_process_resume_mid_epoch_is_bitwise(tmp_path, scratch):
     assert records(straight, "train") == records(resumed, "train")
 
 
-def test_parameters_are_identical_on_every_rank_after_accumulation(tmp_path, scratch):
+def test_every_rank_ran_what_was_rendered_and_ends_with_identical_parameters(tmp_path, scratch):
+    """One launch, checked from inside the run: frameworks fall back without a word (a rank
+    that trains alone, a sharding plugin that only replicates, a precision that becomes another),
+    so the world size, the wrapper, the stored share and the compute dtype are asserted."""
     probe = PROJECT_ROOT / "tests" / "rank_probe.py"
     config = PROJECT_ROOT / "configs" / "train.toml"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     command += [str(probe), str(config), str(tmp_path), *TEST_OVERRIDES]
     result = run(command, launcher_env(scratch))
     assert result.returncode == 0, result.stderr[-4000:]
+    for rank in (0, 1):
+        ran = json.loads((tmp_path / f"ran-rank{rank}.json").read_text())
+        assert ran["world_size"] == ran["runtime_world_size"] == 2, ran
+        assert ran["compute_dtypes"] == [str(COMPUTE_DTYPE)], ran
+        assert ran["stored_fraction"] == 1.0, ran
+        assert "DeepSpeedEngine" in ran["wrappers"], ran
     rank0, rank1 = (torch.load(tmp_path / f"params-rank{r}.pt") for r in (0, 1))
     assert torch.equal(rank0, rank1)
 

@@ -13,10 +13,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
-from conftest import PROJECT_ROOT
 from multinode_ddp_bf16.data import build_datasets
 from multinode_ddp_bf16.loader import epoch_iterator, make_train_loader
 from multinode_ddp_bf16.runtime import init_runtime
+
+from conftest import PROJECT_ROOT
 
 
 class RandomProbe(Dataset):

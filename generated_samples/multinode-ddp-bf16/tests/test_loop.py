@@ -93,3 +93,15 @@ def test_clipping_bounds_the_update(config):
     assert grad_norm > 10 * max_norm, "the gradient must be large enough to need clipping"
     applied = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(u) for u in updates]))
     assert applied <= max_norm * 1.01
+
+
+def test_layers_compute_in_the_rendered_dtype(config):
+    """Frameworks may run another precision than the one asked for, without a word (a 16-bit
+    setting changes on a CPU): the layers' outputs show what really ran."""
+    seen: set[torch.dtype] = set()
+    model = build_model(config)
+    for module in model.modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.Conv2d)):
+            module.register_forward_hook(lambda _module, _inputs, out: seen.add(out.dtype))
+    sgd_updates(model, [first_batch(config, size=8)], config)
+    assert seen == {engine_module.COMPUTE_DTYPE}

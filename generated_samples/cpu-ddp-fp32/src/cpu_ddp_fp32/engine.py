@@ -36,8 +36,8 @@ COMPUTE_DTYPE = torch.float32
 GRAD_SCALER = False
 ENGINE_FILE = "engine.pt"  # the model, optimizer and loss-scaler states in a checkpoint folder
 
-# A conv over one input channel has a size-1 dimension whose stride autocast may report
-# differently from the bucket's; size-1 strides address no memory, so the layouts agree.
+# A conv over one input channel has a size-1 dimension whose gradient stride can differ from
+# the bucket's; size-1 strides address no memory, so the layouts agree.
 warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
 
 
@@ -45,7 +45,8 @@ class Engine:
     """The model being trained, its optimizer and loss scaler, and the verbs of one step.
 
     `model` is the bare module (checkpoints and exports name its keys) and `optimizer` steps its
-    parameters. `module` is what forward runs through: the DDP wrapper, compiled if `compile` is on.
+    parameters. `module` is what forward runs through:
+    the DDP wrapper, compiled if `compile` is on.
     """
 
     def __init__(

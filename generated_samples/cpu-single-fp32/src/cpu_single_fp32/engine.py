@@ -34,7 +34,8 @@ class Engine:
     """The model being trained, its optimizer and loss scaler, and the verbs of one step.
 
     `model` is the bare module (checkpoints and exports name its keys) and `optimizer` steps its
-    parameters. `module` is what forward runs through: `model`, or its `torch.compile` wrapper.
+    parameters. `module` is what forward runs through:
+    `model`, or its `torch.compile` wrapper.
     """
 
     def __init__(

@@ -29,12 +29,14 @@ WORKER_START_METHOD = "forkserver"
 
 @dataclass(frozen=True)
 class Runtime:
-    """Where this process runs: its device, global rank, the world size and its local rank."""
+    """Where this process runs: its device, global rank, the world size, its rank on this node
+    and the number of processes on this node."""
 
     device: torch.device
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    local_world_size: int = 1
 
     @property
     def is_main(self) -> bool:
@@ -74,6 +76,7 @@ def init_runtime(device: str) -> Runtime:
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     resolved = resolve_device(device, local_rank)
     if resolved.type == "cuda":
         torch.cuda.set_device(resolved)
@@ -84,7 +87,7 @@ def init_runtime(device: str) -> Runtime:
         else:  # a lone process: a file store needs no free port
             store = os.path.join(tempfile.mkdtemp(prefix="process-group-store-"), "store")
             dist.init_process_group(backend, init_method=f"file://{store}", rank=0, world_size=1)
-    return Runtime(resolved, rank, world_size, local_rank)
+    return Runtime(resolved, rank, world_size, local_rank, local_world_size)
 
 
 def all_reduce_sum(tensor: Tensor, runtime: Runtime) -> Tensor:

@@ -1,0 +1,1 @@
+"""accelerate-cpu-single-fp32: image classification training project rendered by scaffold."""

@@ -1,0 +1,1 @@
+"""fabric-cpu-ddp-fp32: image classification training project rendered by scaffold."""

@@ -1,0 +1,1 @@
+"""fabric-cpu-single-bf16: image classification training project rendered by scaffold."""

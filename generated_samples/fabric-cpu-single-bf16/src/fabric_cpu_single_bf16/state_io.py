@@ -1,0 +1,62 @@
+"""Durable writes and trusted loads: what checkpoints and exported weights build on.
+
+A file is written to a temporary sibling, fsynced, then renamed over its name with
+`os.replace`, so a job killed mid-write leaves the previous file intact. Every saved value is a
+tensor, number, string, list or dict, so `torch.load(path, weights_only=True)` loads it: no
+pickled code runs on load.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+
+
+def atomic_save(obj: Any, path: Path) -> None:
+    """`torch.save` to a temporary sibling, fsync it, rename it over `path`, fsync the folder."""
+    _atomic_write(path, lambda file: torch.save(obj, file))
+
+
+def atomic_write_text(text: str, path: Path) -> None:
+    """Replace `path` with `text` (UTF-8) the same way as `atomic_save`."""
+    _atomic_write(path, lambda file: file.write(text.encode()))
+
+
+def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as file:
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename or new entry in `directory` survive a power loss."""
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def load_trusted(path: Path, keys: tuple[str, ...]) -> dict[str, Any] | None:
+    """`path` loaded onto the CPU with `weights_only=True` if it loads and holds every key of
+    `keys`, else None (a truncated, foreign or missing file).
+
+    Always the CPU: RNG states must come back as CPU byte tensors (a CUDA copy is refused on
+    resume), and `load_state_dict` copies weights and moments onto their parameters' devices.
+    """
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # a torn write or a foreign file: the caller tries the next candidate
+        return None
+    return state if isinstance(state, dict) and all(key in state for key in keys) else None

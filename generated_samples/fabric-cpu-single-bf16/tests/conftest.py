@@ -1,0 +1,49 @@
+"""Shared fixtures of the sanity ladder: a config per test and a way to train in a fresh process."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fabric_cpu_single_bf16.config import Config, load_config
+from fabric_cpu_single_bf16.runtime import Runtime, init_runtime
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# Smaller data for the tests where the example's defaults would take minutes on a CPU.
+TEST_SETTINGS: dict[str, object] = {}  # the digits are small already
+# Ranks draw their own random shifts and dropout: off where runs of 1 and 2 processes compare.
+RANDOMNESS_OFF = ["augment=false", "dropout=0.0"]
+TEST_OVERRIDES = [f"{key}={value!r}" for key, value in TEST_SETTINGS.items()]
+
+
+@pytest.fixture
+def runtime() -> Runtime:
+    """This process on the CPU (a one-process group where the strategy needs one)."""
+    return init_runtime("cpu")
+
+
+def config_for_tests(run_dir: Path) -> Config:
+    """The project's configs/train.toml on the CPU, with TEST_SETTINGS, writing into `run_dir`."""
+    base = load_config(PROJECT_ROOT / "configs" / "train.toml")
+    return dataclasses.replace(base, run_dir=str(run_dir), device="cpu", **TEST_SETTINGS)
+
+
+@pytest.fixture
+def config(tmp_path: Path, runtime: Runtime) -> Config:
+    """`config_for_tests` with the run folder in the test's temp dir."""
+    return config_for_tests(tmp_path / "run")
+
+
+def run_training(*args: str) -> subprocess.CompletedProcess:
+    """The training entry point (`python -m <package>.train`) with ARGS in a fresh
+    interpreter, from the project root, TEST_SETTINGS applied first."""
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
+    command = [sys.executable, "-m", "fabric_cpu_single_bf16.train", *TEST_OVERRIDES, *args]
+    result = subprocess.run(command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result

@@ -1,0 +1,168 @@
+"""The training engine: Lightning Fabric's `ModelParallelStrategy` with FSDP2 (`fully_shard`),
+one process per device.
+
+Every project's `engine.py` has one `Engine` with the same verbs, so `train.py` never names a
+strategy or a precision: `micro_step(last)`, `autocast()`, `backward(loss)`,
+`clip_and_step(max_norm)`, `save(folder)` / `load(folder)` and `full_state_dict()`.
+
+Fabric calls `shard_model` on its device mesh in `setup_module`: each of `model.shard_units()`
+is sharded over the mesh's data-parallel dimension, then the root takes what is left, so each
+rank stores 1/world_size of every parameter, gradient and optimizer state, and one unit's full
+parameters are all-gathered at a time (pytorch.org/docs/stable/distributed.fsdp.fully_shard.
+html). Fabric's `FSDPStrategy` (FSDP1) refuses CPUs; this strategy runs on both. `backward`
+and `clip_gradients` are Fabric's; checkpoints are its sharded `save` / `load`
+(torch.distributed.checkpoint). The process group is the one `runtime.py` joined from
+torchrun's environment (`fabric run` sets the same variables).
+
+Precision is data: FSDP's `MixedPrecisionPolicy` all-gathers the fp32 parameter shards cast to
+`COMPUTE_DTYPE`, so every op computes in it without autocast (Fabric's precision stays
+"32-true"); gradients are reduce-scattered in fp32 onto the fp32 shards the optimizer steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric import Fabric
+from lightning.fabric.strategies import ModelParallelStrategy
+from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from .config import Config
+from .runtime import Runtime
+
+STRATEGY = "fsdp2"
+PRECISION = "fp32"
+COMPUTE_DTYPE = torch.float32
+ENGINE_FOLDER = "engine"  # the sharded model and optimizer states in a checkpoint folder
+
+
+def shard_model(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
+    """Fabric's `parallelize_fn`: shard `model` in place over the mesh's "data_parallel"
+    dimension, its shard units first. Returns `model` (now also an `FSDPModule`).
+
+    Fabric's mesh is 2-D (data_parallel x tensor_parallel); handed the whole mesh,
+    `fully_shard` would replicate over the first dimension and shard over the second (HSDP):
+    with tensor_parallel 1, every rank would hold the whole model.
+    """
+    data_parallel = mesh["data_parallel"]
+    policy = MixedPrecisionPolicy(param_dtype=COMPUTE_DTYPE, reduce_dtype=torch.float32)
+    for unit in model.shard_units():  # bottom-up: the units, then the root
+        fully_shard(unit, mesh=data_parallel, mp_policy=policy)
+    fully_shard(model, mesh=data_parallel, mp_policy=policy)
+    return model
+
+
+class Engine:
+    """The sharded model, its optimizer, and the verbs of one step.
+
+    `model` is the bare module, sharded in place (it is also an `FSDPModule` now); `module` is
+    Fabric's wrapper that forward runs through, compiled if `compile` is on; `optimizer` is
+    Fabric's wrapper of the optimizer `make_optimizer` builds over the DTensor shards.
+
+    Raises:
+        ValueError: Fabric chose another device or process count than `runtime` holds.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        make_optimizer: Callable[[nn.Module], torch.optim.Optimizer],
+        runtime: Runtime,
+        config: Config,
+    ):
+        self.runtime = runtime
+        strategy = ModelParallelStrategy(
+            parallelize_fn=shard_model,
+            data_parallel_size=runtime.world_size,
+            tensor_parallel_size=1,
+        )
+        self.fabric = Fabric(
+            accelerator=runtime.device.type,
+            devices=runtime.local_world_size,
+            num_nodes=runtime.world_size // runtime.local_world_size,
+            strategy=strategy,
+            precision="32-true",
+        )
+        self.fabric.launch()  # under torchrun: no new processes, the group already exists
+        if (self.fabric.world_size, self.fabric.device) != (runtime.world_size, runtime.device):
+            raise ValueError(
+                f"Fabric runs on {self.fabric.device} with {self.fabric.world_size} processes, "
+                f"the project on {runtime.device} with {runtime.world_size}; launch with torchrun"
+            )
+        self.model = model.to(runtime.device)
+        # Fabric compiles again after sharding when handed a compiled module.
+        compiled = torch.compile(self.model) if config.compile else self.model
+        self.module = self.fabric.setup_module(compiled)
+        # After sharding: the optimizer must hold the shards.
+        self.optimizer = self.fabric.setup_optimizers(make_optimizer(self.model))
+
+    def zero_grad(self) -> None:
+        """Drop the last step's gradients (`set_to_none`: freed, not filled with zeros)."""
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def micro_step(self, last: bool) -> contextlib.AbstractContextManager:
+        """Context for one micro-batch's forward + backward: gradients are reduce-scattered on
+        every micro-step, the `last` one or not.
+
+        Skipping the reduce-scatter (`no_backward_sync`) would keep a full, unsharded gradient
+        per parameter between micro-steps, accumulated in `COMPUTE_DTYPE`: more memory and
+        lossy sums. Reduced every micro-step, the gradients accumulate in fp32 on the shards.
+        """
+        return contextlib.nullcontext()
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """No autocast: the parameters FSDP all-gathers are already in `COMPUTE_DTYPE`."""
+        return contextlib.nullcontext()
+
+    def backward(self, loss: Tensor) -> None:
+        """Backward of a 0-dim loss already divided for gradient accumulation."""
+        self.fabric.backward(loss)
+
+    def clip_and_step(self, max_norm: float) -> Tensor:
+        """Clip the global gradient L2 norm (over every rank's shards) to `max_norm`, then step;
+        returns the pre-clip norm (a replicated 0-dim DTensor; inf or NaN when a gradient is,
+        as Fabric is told not to raise)."""
+        grad_norm = self.fabric.clip_gradients(
+            self.module, self.optimizer, max_norm=max_norm, error_if_nonfinite=False
+        )
+        self.optimizer.step()
+        return grad_norm
+
+    def save(self, folder: Path) -> None:
+        """Every rank writes its shards of the model and optimizer into `folder / ENGINE_FOLDER`
+        (Fabric's sharded save; a collective: returns once all shards are on disk)."""
+        self.fabric.save(folder / ENGINE_FOLDER, self._states())
+
+    def load(self, folder: Path) -> None:
+        """Load what `save` wrote into the sharded model and its optimizer (a collective).
+
+        Raises:
+            ValueError: the engine folder in `folder` is missing or damaged.
+        """
+        path = folder / ENGINE_FOLDER
+        try:
+            self.fabric.load(path, self._states(), strict=True, weights_only=True)
+        except Exception as error:  # missing, torn or foreign: the same advice for each
+            reason = f"{type(error).__name__}: {error}".splitlines()[0]
+            raise ValueError(f"{path} does not load ({reason}); move {folder} away") from error
+
+    def _states(self) -> dict[str, Any]:
+        return {"model": self.module, "optimizer": self.optimizer}
+
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """The whole, unsharded state dict on the CPU of every rank (a collective; keys without
+        wrapper prefixes).
+
+        Every rank holds all of it at once: for a model larger than one host's memory, convert
+        a checkpoint offline with `torch.distributed.checkpoint.format_utils.dcp_to_torch_save`.
+        """
+        options = StateDictOptions(full_state_dict=True)
+        full_state = get_model_state_dict(self.model, options=options)
+        return {name: value.cpu() for name, value in full_state.items()}

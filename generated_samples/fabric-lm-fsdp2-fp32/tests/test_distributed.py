@@ -1,0 +1,160 @@
+"""Two processes with gloo on CPU: the run matches one process at the same global batch,
+resumes exactly, keeps the parameters identical on every rank, and runs on two nodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from fabric_lm_fsdp2_fp32.checkpoint import find_latest
+from fabric_lm_fsdp2_fp32.engine import COMPUTE_DTYPE
+from fabric_lm_fsdp2_fp32.model import build_model
+
+from conftest import RANDOMNESS_OFF, TEST_OVERRIDES, config_for_tests
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+COMPARABLE = [*RANDOMNESS_OFF, "log_every=1", "grad_accum_steps=2", "epochs=1"]
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    """A short TMPDIR for torchrun and its workers, removed afterwards. torchrun leaves
+    torchelastic_* folders there, and DataLoader workers pass tensors over Unix sockets bound
+    under it: a socket path over 108 bytes fails inside the worker's queue thread and the
+    loader waits forever (seen with pytest's deep tmp_path)."""
+    path = Path(tempfile.mkdtemp(prefix="tr-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def launcher_env(scratch: Path) -> dict[str, str]:
+    env = {"PYTHONPATH": str(PROJECT_ROOT / "src"), "OMP_NUM_THREADS": "1", "TMPDIR": str(scratch)}
+    # The launch scripts call `torchrun`: take the one beside this interpreter.
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    return {**os.environ, **env, "PATH": path}
+
+
+def run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`command` from the project root, its output captured, stopped after 10 minutes."""
+    options = {"capture_output": True, "text": True, "timeout": 600}
+    return subprocess.run(command, cwd=PROJECT_ROOT, env=env, **options)
+
+
+def torchrun(scratch: Path, nproc: int, *args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += [f"--nproc-per-node={nproc}", "-m", "fabric_lm_fsdp2_fp32.train", "device=cpu"]
+    command += [*TEST_OVERRIDES, *args]
+    env = launcher_env(scratch)
+    try:
+        result = run(command, env)
+    except subprocess.TimeoutExpired as timeout:  # show where it hung
+        stderr = timeout.stderr or b""
+        stderr = stderr.decode() if isinstance(stderr, bytes) else stderr
+        pytest.fail(f"timed out; stderr so far:\n{stderr[-4000:]}")
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def records(run_dir: Path, kind: str) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [record for record in map(json.loads, lines) if record["kind"] == kind]
+
+
+def latest_checkpoint(run_dir: Path) -> dict:
+    """The `trainer.pt` state of the run's latest complete checkpoint."""
+    saved = find_latest(run_dir / "checkpoints")
+    assert saved is not None, f"no checkpoint in {run_dir}"
+    return saved.state
+
+
+def exported_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "model.pt", weights_only=True)
+
+
+def tolerance() -> dict[str, float]:
+    """fp32 differs only by reduction order; lower compute precisions add rounding of their own."""
+    exact = COMPUTE_DTYPE is torch.float32
+    return {"rel": 1e-4, "abs": 1e-6} if exact else {"rel": 3e-2, "abs": 3e-3}
+
+
+def test_two_processes_match_one_at_the_same_global_batch(tmp_path, scratch):
+    one, two = tmp_path / "one", tmp_path / "two"
+    torchrun(scratch, 1, *COMPARABLE, "micro_batch_size=64", f"run_dir='{one.as_posix()}'")
+    torchrun(scratch, 2, *COMPARABLE, "micro_batch_size=32", f"run_dir='{two.as_posix()}'")
+    single, double = records(one, "train"), records(two, "train")
+    assert [r["step"] for r in single] == [r["step"] for r in double]
+    for a, b in zip(single, double, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], **tolerance()), a["step"]
+    for a, b in zip(records(one, "val"), records(two, "val"), strict=True):
+        assert b["val_loss"] == pytest.approx(a["val_loss"], **tolerance())
+    summary = json.loads((two / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["global_batch_size"] == 128
+    weights = exported_weights(two)  # one full state dict, whatever the strategy sharded
+    build_model(config_for_tests(two)).load_state_dict(weights, strict=True)
+
+
+def test_two_process_resume_mid_epoch_is_bitwise(tmp_path, scratch):
+    common = ["log_every=1", "grad_accum_steps=2", "epochs=3", "num_workers=2"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    torchrun(scratch, 2, *common, f"run_dir='{straight.as_posix()}'", "stop_after_steps=16")
+    torchrun(scratch, 2, *common, f"run_dir='{resumed.as_posix()}'", "stop_after_steps=8")
+    assert latest_checkpoint(resumed)["components"]["progress"]["batch_in_epoch"] > 0
+    resume = [f"run_dir='{resumed.as_posix()}'", "stop_after_steps=16", "--resume"]
+    torchrun(scratch, 2, *common, *resume)
+    expected, actual = exported_weights(straight), exported_weights(resumed)
+    for key, tensor in expected.items():
+        assert torch.equal(tensor, actual[key]), key
+    assert len(latest_checkpoint(resumed)["ranks"]) == 2, "RNG and loader states for each rank"
+    assert records(straight, "train") == records(resumed, "train")
+
+
+def test_every_rank_ran_what_was_rendered_and_ends_with_identical_parameters(tmp_path, scratch):
+    """One launch, checked from inside the run: frameworks fall back without a word (a rank
+    that trains alone, a sharding plugin that only replicates, a precision that becomes another),
+    so the world size, the wrapper, the stored share and the compute dtype are asserted."""
+    probe = PROJECT_ROOT / "tests" / "rank_probe.py"
+    config = PROJECT_ROOT / "configs" / "train.toml"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command += [str(probe), str(config), str(tmp_path), *TEST_OVERRIDES]
+    result = run(command, launcher_env(scratch))
+    assert result.returncode == 0, result.stderr[-4000:]
+    for rank in (0, 1):
+        ran = json.loads((tmp_path / f"ran-rank{rank}.json").read_text())
+        assert ran["world_size"] == ran["runtime_world_size"] == 2, ran
+        assert ran["compute_dtypes"] == [str(COMPUTE_DTYPE)], ran
+        assert ran["stored_fraction"] == pytest.approx(0.5, abs=0.05), ran  # sharded, not HSDP
+    rank0, rank1 = (torch.load(tmp_path / f"params-rank{r}.pt") for r in (0, 1))
+    assert torch.equal(rank0, rank1)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_nodes_of_one_process_each_on_this_machine(tmp_path, scratch):
+    """Two torchrun agents rendezvous over c10d on localhost, as two nodes would."""
+    nodes_env = {"HEAD_NODE": "127.0.0.1", "PORT": str(free_port()), "NNODES": "2"}
+    nodes_env |= {"NPROC_PER_NODE": "1", "RUN_ID": f"test-{os.getpid()}"}
+    env = launcher_env(scratch) | nodes_env
+    run_dir = tmp_path / "multinode"
+    command = ["bash", "launch/multinode.sh", "device=cpu", "epochs=1", *TEST_OVERRIDES]
+    command += [f"run_dir='{run_dir}'"]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    nodes = [subprocess.Popen(command, cwd=PROJECT_ROOT, env=env, **pipes) for _ in range(2)]
+    outputs = [node.communicate(timeout=600) for node in nodes]
+    for node, (_, stderr) in zip(nodes, outputs, strict=True):
+        assert node.returncode == 0, stderr[-4000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["epochs_completed"] == 1

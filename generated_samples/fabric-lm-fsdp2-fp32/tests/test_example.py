@@ -1,0 +1,64 @@
+"""Tests of the example data and model: rung 1 of the sanity ladder (one batch has the shapes
+and dtypes expected) and the example's own properties. Yours, like data.py and model.py: change
+them together; `scaffold update` leaves this file alone."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from fabric_lm_fsdp2_fp32.config import parse_param_count
+from fabric_lm_fsdp2_fp32.data import NUM_CLASSES, build_datasets, stdlib_sources
+from fabric_lm_fsdp2_fp32.loader import make_train_loader
+from fabric_lm_fsdp2_fp32.model import (
+    HEAD_DIM,
+    ByteGPT,
+    build_model,
+    depth_for,
+    width_for_param_count,
+)
+from fabric_lm_fsdp2_fp32.runtime import init_runtime
+
+
+def test_batch_shapes_and_dtypes(config):
+    train_set, val_set = build_datasets(config)
+    inputs, targets = next(iter(make_train_loader(train_set, config, init_runtime("cpu"))))
+    assert inputs.shape == targets.shape == (config.micro_batch_size, config.block_size)
+    assert inputs.dtype == targets.dtype == torch.int64
+    assert inputs.min() >= 0 and inputs.max() < NUM_CLASSES
+    assert torch.equal(inputs[:, 1:], targets[:, :-1]), "targets are the next tokens"
+    tokens = (len(train_set) + len(val_set)) * config.block_size
+    assert config.corpus_bytes - 2 * config.block_size - 2 <= tokens <= config.corpus_bytes
+
+
+def test_corpus_is_read_in_a_fixed_order_and_split_at_the_end(config):
+    sources = stdlib_sources()
+    assert sources == sorted(sources, key=lambda p: p.as_posix()) and len(sources) > 100
+    first, second = build_datasets(config), build_datasets(config)
+    assert torch.equal(first[1].tokens, second[1].tokens)
+    assert len(first[1].tokens) == config.corpus_bytes - len(first[0].tokens)
+
+
+def test_text_path_is_read_as_bytes(config, tmp_path):
+    text = tmp_path / "corpus.txt"
+    text.write_text("hello, bytes! " * 200)
+    train_set, _ = build_datasets(dataclasses.replace(config, text_path=str(text)))
+    assert bytes(train_set.tokens[:14].tolist()) == b"hello, bytes! "
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    return sum(parameter.numel() for parameter in model.parameters())
+
+
+def test_model_is_the_smallest_width_that_reaches_model_size(config):
+    target = parse_param_count(config.model_size)
+    depth = depth_for(target)
+    width = width_for_param_count(target, depth, config.block_size)
+    with torch.device("meta"):
+        assert parameter_count(build_model(config)) == parameter_count(
+            ByteGPT(width, depth, config.block_size)
+        )
+        assert parameter_count(ByteGPT(width, depth, config.block_size)) >= target
+        smaller = ByteGPT(width - HEAD_DIM, depth, config.block_size) if width > HEAD_DIM else None
+        assert smaller is None or parameter_count(smaller) < target
