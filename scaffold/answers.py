@@ -88,18 +88,21 @@ QUESTIONS: tuple[Question, ...] = (
 )
 QUESTION_BY_KEY = {question.key: question for question in QUESTIONS}
 
-# Strategies each framework renders. Every variant is tested by running it on CPU, and these
-# framework paths refuse CPUs or silently fall back there: Fabric's DeepSpeedStrategy refuses
-# CPU; Accelerate ignores its FSDP plugin on CPU (plain DDP instead) and DeepSpeed with cpu=True.
-FRAMEWORK_STRATEGIES = {
-    "fabric": ("single", "ddp", "fsdp2"),
-    "accelerate": ("single", "ddp"),
+# What each framework renders, by answer key. Every variant is tested by running it on CPU,
+# and these framework paths refuse CPUs or fall back there without a word: Fabric's
+# DeepSpeedStrategy refuses CPUs; on a CPU, Accelerate ignores its FSDP plugin (plain DDP
+# instead), DeepSpeed (with cpu=True) and fp16 (it trains in fp32).
+FRAMEWORK_RENDERS: dict[str, dict[str, tuple[str, ...]]] = {
+    "fabric": {"strategy": ("single", "ddp", "fsdp2")},
+    "accelerate": {"strategy": ("single", "ddp"), "precision": ("fp32", "bf16")},
 }
 
 
-def framework_renders(framework: str, strategy: str) -> bool:
-    """True if `framework` renders `strategy` (`auto` always: the planner checks its choice)."""
-    return strategy == "auto" or strategy in FRAMEWORK_STRATEGIES.get(framework, (strategy,))
+def framework_renders(framework: str, key: str, value: str) -> bool:
+    """True if `framework` renders `value` for `key` (`auto` always: the planner checks what
+    it picks)."""
+    rendered = FRAMEWORK_RENDERS.get(framework, {}).get(key)
+    return value == "auto" or rendered is None or value in rendered
 
 
 # Names that would shadow a module the project imports, or the standard library.

@@ -11,7 +11,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from scaffold.answers import FRAMEWORK_STRATEGIES, QUESTION_BY_KEY, Answers, coerce
+from scaffold.answers import (
+    FRAMEWORK_RENDERS,
+    QUESTION_BY_KEY,
+    Answers,
+    coerce,
+    framework_renders,
+)
 from scaffold.errors import AnswerError, NotAvailableYet
 
 # Training memory per parameter with AdamW and fp32 master weights: 4 (weights) + 4 (grads)
@@ -37,8 +43,8 @@ def plan(answers: Answers) -> Plan:
     Raises:
         AnswerError: an impossible combination (fp16 on CPU, bf16 on Volta/Turing, a CUDA
             project without its GPU architecture, a model too large for the example task).
-        NotAvailableYet: the planner's choice is a value this version cannot render yet, or
-            a strategy the chosen framework does not render (`FRAMEWORK_STRATEGIES`).
+        NotAvailableYet: the planner's choice is a value this version cannot render yet, or a
+            strategy or precision the chosen framework does not render (`FRAMEWORK_RENDERS`).
     """
     reasons: list[str] = []
     warnings: list[str] = []
@@ -51,20 +57,20 @@ def plan(answers: Answers) -> Plan:
             "template does not render; answer precision=bf16 or fp32 (or strategy=ddp)"
         )
     coerce(QUESTION_BY_KEY["strategy"], strategy)  # NotAvailableYet if not rendered yet
-    _check_framework(answers.framework, strategy)
+    _check_framework(answers.framework, strategy, precision)
     resolved = dataclasses.replace(answers, precision=precision, strategy=strategy)
     return Plan(resolved, tuple(reasons), tuple(warnings))
 
 
-def _check_framework(framework: str, strategy: str) -> None:
-    rendered = FRAMEWORK_STRATEGIES.get(framework)
-    if rendered is not None and strategy not in rendered:
-        raise NotAvailableYet(
-            f"framework={framework} with strategy={strategy} is not available yet (it cannot "
-            "be tested on CPU); answer strategy="
-            + " or ".join(rendered)
-            + f", or framework=pytorch for {strategy}"
-        )
+def _check_framework(framework: str, strategy: str, precision: str) -> None:
+    for key, value in (("strategy", strategy), ("precision", precision)):
+        if not framework_renders(framework, key, value):
+            rendered = FRAMEWORK_RENDERS[framework][key]
+            raise NotAvailableYet(
+                f"framework={framework} with {key}={value} is not available yet (it cannot be "
+                f"tested on CPU); answer {key}={' or '.join(rendered)}, or framework=pytorch "
+                f"for {value}"
+            )
 
 
 def _check_model_size(answers: Answers) -> None:

@@ -41,7 +41,7 @@ def _unavailable(question: Question, value: str, framework: str) -> str | None:
     """Why `value` cannot be picked (shown beside it), or None if it can."""
     if not question.renders(value):
         return "not available yet"
-    if question.key == "strategy" and not framework_renders(framework, value):
+    if not framework_renders(framework, question.key, value):
         return f"not with {framework} yet"
     return None
 

@@ -170,7 +170,7 @@ def test_a_strategy_the_framework_does_not_render_is_refused_with_the_way_out(fr
 
 def test_the_planners_own_choice_is_checked_against_the_framework():
     """7B on 4 x 16 GB: the planner picks ZeRO-3 with offload, which Fabric does not render."""
-    with pytest.raises(NotAvailableYet, match="strategy=single or ddp or fsdp2"):
+    with pytest.raises(NotAvailableYet, match="answer strategy=single or ddp or fsdp2"):
         plan(answers(hardware="cuda", gpu_arch="ampere", gpus_per_node=4, gpu_memory_gb=16,
                      task="language-model", model_size="7B", framework="fabric"))  # fmt: skip
 
@@ -190,4 +190,12 @@ def test_the_questionnaire_disables_strategies_the_chosen_framework_does_not_ren
     assert _unavailable(strategy, "fsdp2", "accelerate") == "not with accelerate yet"
     assert _unavailable(strategy, "fsdp2", "fabric") is None
     assert _unavailable(strategy, "zero3", "pytorch") is None
+    precision = QUESTION_BY_KEY["precision"]
+    assert _unavailable(precision, "fp16", "accelerate") == "not with accelerate yet"
+    assert _unavailable(precision, "fp16", "fabric") is None
     assert _unavailable(QUESTION_BY_KEY["hardware"], "mps", "pytorch") == "not available yet"
+
+
+def test_accelerate_with_fp16_is_refused_and_auto_on_volta_says_why():
+    with pytest.raises(NotAvailableYet, match="framework=accelerate with precision=fp16"):
+        plan(answers(hardware="cuda", gpu_arch="volta-turing", framework="accelerate"))

@@ -12,15 +12,15 @@ import copier
 import pytest
 from conftest import ruff
 
-from scaffold.answers import FRAMEWORK_STRATEGIES
+from scaffold.answers import FRAMEWORK_RENDERS
 from scaffold.render import ensure_template_repo, template_repo_source
 from scaffold.variants import VARIANTS
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "templates"
 
 
-# Framework renders the matrix does not run: fp16 (GPU-only in the frameworks' own paths) and
-# the other precision of each strategy.
+# Framework renders the matrix does not run: Fabric's fp16 and the other precisions of each
+# strategy (the planner refuses fp16 with FSDP2 and with Accelerate).
 TURING = {**VARIANTS["cuda-single-fp16"]}
 FRAMEWORK_RENDERS = {
     f"{framework}-{strategy}-{precision}": {
@@ -30,10 +30,10 @@ FRAMEWORK_RENDERS = {
         "precision": precision,
         "gpus_per_node": 1 if strategy == "single" else 4,
     }
-    for framework, strategies in FRAMEWORK_STRATEGIES.items()
-    for strategy in strategies
-    for precision in ("fp32", "bf16", "fp16")
-    if not (precision == "fp16" and strategy == "fsdp2")
+    for framework, renders in FRAMEWORK_RENDERS.items()
+    for strategy in renders["strategy"]
+    for precision in renders.get("precision", ("fp32", "bf16", "fp16"))
+    if (strategy, precision) != ("fsdp2", "fp16")
 }
 
 
@@ -81,18 +81,13 @@ def test_every_framework_strategy_and_precision_renders_clean(tmp_path, name):
     assert clip < step.index("self.optimizer.step()")  # the frameworks unscale inside clipping
 
 
-def test_framework_fp16_keeps_loss_scaling_explicit(tmp_path):
-    """Fabric turns "16-mixed" on a CPU into another precision unless handed a scaler, and
-    Accelerate leaves fp16 on a CPU in fp32: the engines say so instead."""
-    engines = {}
-    for framework in FRAMEWORK_STRATEGIES:
-        project = tmp_path / f"{framework}-fp16"
-        render_raw("", project, FRAMEWORK_RENDERS[f"{framework}-single-fp16"])
-        engines[framework] = project / "src" / project.name.replace("-", "_") / "engine.py"
-    fabric, accelerate = (engines[f].read_text() for f in ("fabric", "accelerate"))
-    assert 'COMPUTE_DTYPE: "16-mixed"' in fabric and "GradScaler(device.type, enabled=" in fabric
-    assert 'COMPUTE_DTYPE: "fp16"' in accelerate
-    assert "Accelerate runs fp16 on CUDA only" in accelerate
+def test_fabric_fp16_hands_fabric_its_own_loss_scaler(tmp_path):
+    """Fabric turns "16-mixed" on a CPU into another precision unless handed a scaler."""
+    project = tmp_path / "fabric-fp16"
+    render_raw("", project, FRAMEWORK_RENDERS["fabric-single-fp16"])
+    engine = (project / "src" / "fabric_fp16" / "engine.py").read_text()
+    assert 'COMPUTE_DTYPE: "16-mixed"' in engine and "GradScaler(device.type, enabled=" in engine
+    assert "plugins=[plugin]" in engine and "precision=" not in engine.split("Fabric(")[1][:300]
 
 
 def test_precision_is_data_in_one_engine_text(tmp_path):

@@ -52,7 +52,9 @@ class Engine:
     `model` is the bare module (checkpoints and exports name its keys) and `optimizer` steps its
     parameters. `module` is what forward runs through:
     the prepared module (DDP), compiled if `compile` is on.
-    ValueError: Accelerate picked another device or process count than `runtime` holds.
+
+    Raises:
+        ValueError: Accelerate picked another device or process count than `runtime` holds.
     """
 
     def __init__(

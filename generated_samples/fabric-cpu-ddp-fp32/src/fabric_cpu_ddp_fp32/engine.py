@@ -62,7 +62,9 @@ class Engine:
     `model` is the bare module (checkpoints and exports name its keys) and `optimizer` steps its
     parameters. `module` is what forward runs through:
     Fabric's wrapper of the DDP module, compiled if `compile` is on.
-    ValueError: Fabric picked another device or process count than `runtime` holds.
+
+    Raises:
+        ValueError: Fabric picked another device or process count than `runtime` holds.
     """
 
     def __init__(
