@@ -57,20 +57,27 @@ def plan(answers: Answers) -> Plan:
             "template does not render; answer precision=bf16 or fp32 (or strategy=ddp)"
         )
     coerce(QUESTION_BY_KEY["strategy"], strategy)  # NotAvailableYet if not rendered yet
-    _check_framework(answers.framework, strategy, precision)
+    _check_framework(answers, strategy, precision, reasons)
     resolved = dataclasses.replace(answers, precision=precision, strategy=strategy)
     return Plan(resolved, tuple(reasons), tuple(warnings))
 
 
-def _check_framework(framework: str, strategy: str, precision: str) -> None:
+def _check_framework(answers: Answers, strategy: str, precision: str, reasons: list[str]) -> None:
+    framework = answers.framework
     for key, value in (("strategy", strategy), ("precision", precision)):
-        if not framework_renders(framework, key, value):
-            rendered = FRAMEWORK_RENDERS[framework][key]
+        if framework_renders(framework, key, value):
+            continue
+        rendered = " or ".join(FRAMEWORK_RENDERS[framework][key])
+        if getattr(answers, key) == "auto":  # the planner's choice: say why, and what would fit
+            why = next(reason for reason in reasons if reason.startswith(f"{key}={value}:"))
             raise NotAvailableYet(
-                f"framework={framework} with {key}={value} is not available yet (it cannot be "
-                f"tested on CPU); answer {key}={' or '.join(rendered)}, or framework=pytorch "
-                f"for {value}"
+                f"{key}=auto chose {why}; framework={framework} does not render {value} yet "
+                f"(it cannot be tested on CPU); answer framework=pytorch"
             )
+        raise NotAvailableYet(
+            f"framework={framework} with {key}={value} is not available yet (it cannot be "
+            f"tested on CPU); answer {key}={rendered}, or framework=pytorch for {value}"
+        )
 
 
 def _check_model_size(answers: Answers) -> None:
@@ -93,8 +100,10 @@ def _precision(answers: Answers, reasons: list[str]) -> str:
             "precision=fp16 on CPU gains nothing and needs loss scaling; answer bf16 or fp32"
         )
     if asked == "bf16" and arch == "volta-turing":
+        fp16_renders = framework_renders(answers.framework, "precision", "fp16")
+        others = "fp16 or fp32" if fp16_renders else "fp32"
         raise AnswerError(
-            "precision=bf16 is not supported in hardware on Volta/Turing GPUs; answer fp16 or fp32"
+            f"precision=bf16 is not supported in hardware on Volta/Turing GPUs; answer {others}"
         )
     if asked != "auto":
         reasons.append(f"precision={asked}: as answered")
@@ -102,6 +111,12 @@ def _precision(answers: Answers, reasons: list[str]) -> str:
     if hardware == "cuda" and arch in ("ampere", "hopper"):
         reasons.append(f"precision=bf16: {arch} GPUs run bf16 natively; no GradScaler needed")
         return "bf16"
+    if hardware == "cuda" and not framework_renders(answers.framework, "precision", "fp16"):
+        reasons.append(
+            f"precision=fp32: Volta/Turing lack bf16, and framework={answers.framework} does "
+            "not render fp16"
+        )
+        return "fp32"
     if hardware == "cuda":
         reasons.append("precision=fp16: Volta/Turing lack bf16; fp16 autocast + GradScaler")
         return "fp16"

@@ -169,8 +169,10 @@ def test_a_strategy_the_framework_does_not_render_is_refused_with_the_way_out(fr
 
 
 def test_the_planners_own_choice_is_checked_against_the_framework():
-    """7B on 4 x 16 GB: the planner picks ZeRO-3 with offload, which Fabric does not render."""
-    with pytest.raises(NotAvailableYet, match="answer strategy=single or ddp or fsdp2"):
+    """7B on 4 x 16 GB: the planner picks ZeRO-3 with offload, which Fabric does not render;
+    the message says auto chose it, and why."""
+    with pytest.raises(NotAvailableYet, match=r"strategy=auto chose strategy=zero3-offload: .*"
+                       r"framework=fabric does not render zero3-offload"):  # fmt: skip
         plan(answers(hardware="cuda", gpu_arch="ampere", gpus_per_node=4, gpu_memory_gb=16,
                      task="language-model", model_size="7B", framework="fabric"))  # fmt: skip
 
@@ -196,6 +198,12 @@ def test_the_questionnaire_disables_strategies_the_chosen_framework_does_not_ren
     assert _unavailable(QUESTION_BY_KEY["hardware"], "mps", "pytorch") == "not available yet"
 
 
-def test_accelerate_with_fp16_is_refused_and_auto_on_volta_says_why():
+def test_accelerate_with_fp16_is_refused_and_auto_on_volta_picks_fp32():
+    volta = {"hardware": "cuda", "gpu_arch": "volta-turing", "framework": "accelerate"}
     with pytest.raises(NotAvailableYet, match="framework=accelerate with precision=fp16"):
-        plan(answers(hardware="cuda", gpu_arch="volta-turing", framework="accelerate"))
+        plan(answers(**volta, precision="fp16"))
+    with pytest.raises(AnswerError, match="Volta/Turing GPUs; answer fp32$"):
+        plan(answers(**volta, precision="bf16"))
+    resolved = plan(answers(**volta))
+    assert resolved.answers.precision == "fp32"
+    assert "does not render fp16" in resolved.reasons[0]

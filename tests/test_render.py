@@ -10,6 +10,7 @@ from pathlib import Path
 
 import copier
 import pytest
+import yaml
 from conftest import ruff
 
 from scaffold.answers import FRAMEWORK_RENDERS
@@ -74,11 +75,15 @@ def test_every_framework_strategy_and_precision_renders_clean(tmp_path, name):
     render_raw(name, project, FRAMEWORK_RENDERS[name])
     assert_clean(project)
     engine = (project / "src" / project.name.replace("-", "_") / "engine.py").read_text()
-    framework = FRAMEWORK_RENDERS[name]["framework"]
+    framework, precision = (FRAMEWORK_RENDERS[name][key] for key in ("framework", "precision"))
     assert ("Fabric(" if framework == "fabric" else "Accelerator(") in engine
     step = engine[engine.index("def clip_and_step") :]
     clip = step.index("clip_gradients(" if framework == "fabric" else "clip_grad_norm_(")
     assert clip < step.index("self.optimizer.step()")  # the frameworks unscale inside clipping
+    launch_config = project / "launch" / "accelerate_config.yaml"
+    if launch_config.exists():  # YAML reads a bare `no` as False, which accelerate launch rejects
+        settings = yaml.safe_load(launch_config.read_text())
+        assert settings["mixed_precision"] == {"fp32": "no", "bf16": "bf16"}[precision]
 
 
 def test_fabric_fp16_hands_fabric_its_own_loss_scaler(tmp_path):

@@ -27,6 +27,7 @@ SUMMARY_KEYS = {
     "checkpoint",
     "config",
     "torch_version",
+    "framework",
     "seed",
 }
 

@@ -162,13 +162,13 @@ def test_two_nodes_of_one_process_each_on_this_machine(tmp_path, scratch):
 
 
 def test_accelerate_launch_runs_the_project_with_the_rendered_config(tmp_path, scratch):
-    """`bash launch/accelerate.sh` with launch/accelerate_config.yaml, on the CPU: one process,
-    as `accelerate launch --cpu --num_processes 2` starts only one (accelerate#2741); torchrun
-    runs the two-process checks above."""
+    """`bash launch/accelerate.sh` reads launch/accelerate_config.yaml and starts its processes
+    with torchrun's variables, which runtime.py joins (gloo here: `device=cpu`). Two, not the
+    config's count; not with `--cpu`, which starts one process (accelerate#2741)."""
     run_dir = tmp_path / "launched"
-    env = launcher_env(scratch) | {"ACCELERATE_ARGS": "--cpu --num_processes 1"}
+    env = launcher_env(scratch) | {"ACCELERATE_ARGS": "--num_processes 2"}
     command = ["bash", "launch/accelerate.sh", "device=cpu", "epochs=1", *TEST_OVERRIDES]
     result = run([*command, "stop_after_steps=2", f"run_dir='{run_dir}'"], env)
     assert result.returncode == 0, result.stderr[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["world_size"] == 1 and summary["steps"] == 2
+    assert summary["world_size"] == 2 and summary["steps"] == 2

@@ -22,6 +22,7 @@ import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
+import accelerate
 import torch
 from accelerate import Accelerator
 from torch import Tensor, nn
@@ -32,6 +33,7 @@ from .state_io import atomic_save, load_trusted
 
 STRATEGY = "single"
 PRECISION = "fp32"
+FRAMEWORK = f"HF Accelerate {accelerate.__version__}"  # as the run summary names it
 COMPUTE_DTYPE = torch.float32
 # Accelerate's `mixed_precision` for fp32 and for COMPUTE_DTYPE (tests may switch to fp32).
 MIXED_PRECISION = {torch.float32: "no"}

@@ -26,6 +26,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+import accelerate
 import torch
 from accelerate import Accelerator
 from torch import Tensor, nn
@@ -36,6 +37,7 @@ from .state_io import atomic_save, load_trusted
 
 STRATEGY = "ddp"
 PRECISION = "bf16"
+FRAMEWORK = f"HF Accelerate {accelerate.__version__}"  # as the run summary names it
 COMPUTE_DTYPE = torch.bfloat16
 # Accelerate's `mixed_precision` for fp32 and for COMPUTE_DTYPE (tests may switch to fp32).
 MIXED_PRECISION = {torch.float32: "no", COMPUTE_DTYPE: "bf16"}

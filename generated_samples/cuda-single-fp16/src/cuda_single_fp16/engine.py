@@ -25,6 +25,7 @@ from .state_io import atomic_save, load_trusted
 
 STRATEGY = "single"
 PRECISION = "fp16"
+FRAMEWORK = "plain PyTorch"  # what runs the step, as the run summary names it
 COMPUTE_DTYPE = torch.float16
 GRAD_SCALER = True
 ENGINE_FILE = "engine.pt"  # the model, optimizer and loss-scaler states in a checkpoint folder

@@ -35,6 +35,7 @@ from .runtime import Runtime
 
 STRATEGY = "zero2"
 PRECISION = "bf16"
+FRAMEWORK = "plain PyTorch"  # what runs the step, as the run summary names it
 COMPUTE_DTYPE = torch.bfloat16
 DS_CONFIG_PATH = Path(__file__).with_name("ds_config.json")
 # DeepSpeedConfig ignores keys it does not know, so a misspelt setting would change nothing

@@ -9,7 +9,7 @@ optimizer, `autocast` and `backward` apply its precision plugin, `no_backward_sy
 gradient all-reduce on all but the last micro-step, `clip_gradients` unscales before
 it clips, and the wrapped optimizer's `step` steps and updates the loss scale
 (lightning.ai/docs/fabric/stable/api/fabric_methods.html). The process group is the one
-`runtime.py` joined from torchrun's environment (`fabric run` sets the same variables); Fabric
+`runtime.py` joined from torchrun's environment; Fabric
 uses it rather than starting its own.
 
 Precision is data: `COMPUTE_DTYPE` picks Fabric's precision setting, "32-true": no autocast
@@ -23,6 +23,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+import lightning
 import torch
 from lightning.fabric import Fabric
 from lightning.fabric.plugins import MixedPrecision, Precision
@@ -34,6 +35,7 @@ from .state_io import atomic_save, load_trusted
 
 STRATEGY = "ddp"
 PRECISION = "fp32"
+FRAMEWORK = f"Lightning Fabric {lightning.__version__}"  # as the run summary names it
 COMPUTE_DTYPE = torch.float32
 FABRIC_STRATEGY = "ddp"
 # Fabric's precision setting for fp32 and for COMPUTE_DTYPE (tests may switch to fp32)

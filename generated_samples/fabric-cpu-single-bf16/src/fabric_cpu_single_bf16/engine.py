@@ -19,6 +19,7 @@ import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
+import lightning
 import torch
 from lightning.fabric import Fabric
 from lightning.fabric.plugins import MixedPrecision, Precision
@@ -30,6 +31,7 @@ from .state_io import atomic_save, load_trusted
 
 STRATEGY = "single"
 PRECISION = "bf16"
+FRAMEWORK = f"Lightning Fabric {lightning.__version__}"  # as the run summary names it
 COMPUTE_DTYPE = torch.bfloat16
 FABRIC_STRATEGY = "auto"
 # Fabric's precision setting for fp32 and for COMPUTE_DTYPE (tests may switch to fp32)

@@ -12,7 +12,7 @@ parameters are all-gathered at a time (pytorch.org/docs/stable/distributed.fsdp.
 html). Fabric's `FSDPStrategy` (FSDP1) refuses CPUs; this strategy runs on both. `backward`
 and `clip_gradients` are Fabric's; checkpoints are its sharded `save` / `load`
 (torch.distributed.checkpoint). The process group is the one `runtime.py` joined from
-torchrun's environment (`fabric run` sets the same variables).
+torchrun's environment.
 
 Precision is data: FSDP's `MixedPrecisionPolicy` all-gathers the fp32 parameter shards cast to
 `COMPUTE_DTYPE`, so every op computes in it without autocast (Fabric's precision stays
@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import lightning
 import torch
 from lightning.fabric import Fabric
 from lightning.fabric.strategies import ModelParallelStrategy
@@ -39,6 +40,7 @@ from .runtime import Runtime
 
 STRATEGY = "fsdp2"
 PRECISION = "fp32"
+FRAMEWORK = f"Lightning Fabric {lightning.__version__}"  # as the run summary names it
 COMPUTE_DTYPE = torch.float32
 ENGINE_FOLDER = "engine"  # the sharded model and optimizer states in a checkpoint folder
 

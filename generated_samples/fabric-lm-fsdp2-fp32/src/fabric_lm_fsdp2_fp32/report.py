@@ -17,7 +17,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from .config import Config
-from .engine import PRECISION, STRATEGY
+from .engine import FRAMEWORK, PRECISION, STRATEGY
 from .progress import TrainState
 from .runtime import Runtime, all_reduce_sum
 from .task import EXPECTED_INITIAL_LOSS, describe_throughput, throughput
@@ -164,6 +164,7 @@ def build_summary(
         "device": str(runtime.device),
         "strategy": STRATEGY,
         "precision": PRECISION,
+        "framework": FRAMEWORK,
         "world_size": runtime.world_size,
         "global_batch_size": config.micro_batch_size * runtime.world_size * config.grad_accum_steps,
         "parameters": parameters,
@@ -193,7 +194,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines = [
         f"**Run:** {summary['run_dir']} | commit {summary['git_commit']} | seed {config['seed']} "
         f"| torch {summary['torch_version']} | {summary['device']} {summary['strategy']} "
-        f"{summary['precision']}",
+        f"{summary['precision']} on {summary['framework']}",
         f"**Global batch:** {summary['global_batch_size']} ({config['micro_batch_size']} x "
         f"{summary['world_size']} process(es) x {config['grad_accum_steps']} accumulation) | "
         f"**LR:** warmup {config['warmup_steps']} steps, cosine to {config['min_lr_ratio']} x "

@@ -32,6 +32,7 @@ from .state_io import atomic_save, load_trusted
 
 STRATEGY = "ddp"
 PRECISION = "bf16"
+FRAMEWORK = "plain PyTorch"  # what runs the step, as the run summary names it
 COMPUTE_DTYPE = torch.bfloat16
 GRAD_SCALER = False
 ENGINE_FILE = "engine.pt"  # the model, optimizer and loss-scaler states in a checkpoint folder

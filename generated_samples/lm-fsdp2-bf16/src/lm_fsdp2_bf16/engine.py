@@ -38,6 +38,7 @@ from .runtime import Runtime
 
 STRATEGY = "fsdp2"
 PRECISION = "bf16"
+FRAMEWORK = "plain PyTorch"  # what runs the step, as the run summary names it
 COMPUTE_DTYPE = torch.bfloat16
 
 
