@@ -22,10 +22,9 @@ TEMPLATE = Path(__file__).resolve().parents[1] / "templates"
 
 # Framework renders the matrix does not run: Fabric's fp16 and the other precisions of each
 # strategy (the planner refuses fp16 with FSDP2 and with Accelerate).
-TURING = {**VARIANTS["cuda-single-fp16"]}
 FRAMEWORK_RENDERS = {
     f"{framework}-{strategy}-{precision}": {
-        **(TURING if precision == "fp16" else VARIANTS["cuda-ddp-bf16"]),
+        **VARIANTS["cuda-single-fp16" if precision == "fp16" else "cuda-ddp-bf16"],
         "framework": framework,
         "strategy": strategy,
         "precision": precision,

@@ -35,10 +35,10 @@ def stored_fraction(model: nn.Module) -> float:
     """Elements this rank stores over elements in the whole model (1.0 when replicated)."""
     local = full = 0
     for parameter in model.parameters():
+        stored, whole = parameter.numel(), parameter.numel()
         if isinstance(parameter, DTensor):
-            local, full = local + parameter.to_local().numel(), full + parameter.numel()
-        else:
-            local, full = local + parameter.numel(), full + parameter.numel()
+            stored = parameter.to_local().numel()
+        local, full = local + stored, full + whole
     return local / full
 
 

@@ -35,12 +35,12 @@ def stored_fraction(model: nn.Module) -> float:
     """Elements this rank stores over elements in the whole model (1.0 when replicated)."""
     local = full = 0
     for parameter in model.parameters():
+        stored, whole = parameter.numel(), parameter.numel()
         if isinstance(parameter, DTensor):
-            local, full = local + parameter.to_local().numel(), full + parameter.numel()
+            stored = parameter.to_local().numel()
         elif hasattr(parameter, "ds_numel"):  # ZeRO-3 keeps this rank's partition aside
-            local, full = local + parameter.ds_tensor.numel(), full + parameter.ds_numel
-        else:
-            local, full = local + parameter.numel(), full + parameter.numel()
+            stored, whole = parameter.ds_tensor.numel(), parameter.ds_numel
+        local, full = local + stored, full + whole
     return local / full
 
 

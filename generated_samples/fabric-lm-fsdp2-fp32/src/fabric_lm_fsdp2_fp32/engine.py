@@ -96,7 +96,8 @@ class Engine:
         if (self.fabric.world_size, self.fabric.device) != (runtime.world_size, runtime.device):
             raise ValueError(
                 f"Fabric runs on {self.fabric.device} with {self.fabric.world_size} processes, "
-                f"the project on {runtime.device} with {runtime.world_size}; launch with torchrun"
+                f"the project on {runtime.device} with {runtime.world_size}; "
+                "launch with torchrun"
             )
         self.model = model.to(runtime.device)
         # Fabric compiles again after sharding when handed a compiled module.
