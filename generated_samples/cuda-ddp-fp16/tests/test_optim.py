@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 from torch import nn
 
 from cuda_ddp_fp16.model import build_model
@@ -29,6 +30,18 @@ def test_no_weight_decay_on_biases_and_norm_weights(config):
             expected = 0.0 if no_decay else config.weight_decay
             assert decay_of[id(parameter)] == expected, f"{module_name}.{name}"
     assert config.weight_decay > 0
+
+
+def test_adamw_is_fused_only_where_every_parameter_is_on_cuda(config):
+    """On a CPU, PyTorch's default AdamW runs: the fused setting changes nothing here."""
+    optimizer = build_optimizer(build_model(config), config)
+    assert not optimizer.defaults["fused"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_adamw_is_fused_on_cuda(config):
+    optimizer = build_optimizer(build_model(config).cuda(), config)
+    assert optimizer.defaults["fused"] is True
 
 
 def test_warmup_then_cosine(config):

@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from lm_cpu_single_fp32.checkpoint import find_latest
+from lm_cpu_single_fp32.config import load_config
 from lm_cpu_single_fp32.model import build_model
 from lm_cpu_single_fp32.runtime import init_runtime
 from lm_cpu_single_fp32.task import EXPECTED_INITIAL_LOSS
 from lm_cpu_single_fp32.train import Trainer
 
-from conftest import run_training
+from conftest import PROJECT_ROOT, TEST_OVERRIDES, run_training
 
 SUMMARY_KEYS = {
     "val_accuracy",
@@ -77,6 +78,13 @@ def test_starting_over_in_a_used_run_folder_is_refused(config):
         Trainer(changed, init_runtime("cpu"), resume=True)
 
 
+def train_here(*settings: str) -> None:
+    """Train in this process with TEST_SETTINGS and `settings` (key=value, as on the command
+    line), the way `python -m <package>.train` would."""
+    config = load_config(PROJECT_ROOT / "configs" / "train.toml", [*TEST_OVERRIDES, *settings])
+    Trainer(config, init_runtime("cpu")).fit()
+
+
 def train_losses(run_dir: Path) -> dict[int, float]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
@@ -85,12 +93,14 @@ def train_losses(run_dir: Path) -> dict[int, float]:
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_resume_mid_epoch_reproduces_the_straight_run_bitwise(tmp_path, num_workers):
-    """2k steps straight == k steps, checkpoint mid-epoch, fresh process, k more steps."""
+    """2k steps straight == k steps, checkpoint mid-epoch, fresh process, k more steps. The
+    first two runs train in this process; the resume starts from the files alone."""
     common = ["grad_accum_steps=2", "log_every=1", f"num_workers={num_workers}", "epochs=4"]
+    common += ["device=cpu"]
     k = 15  # steps 15 and 30 fall mid-epoch (checked below for 15)
     runs = straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    run_training(*common, f"run_dir={straight.as_posix()!r}", f"stop_after_steps={2 * k}")
-    run_training(*common, f"run_dir={resumed.as_posix()!r}", f"stop_after_steps={k}")
+    train_here(*common, f"run_dir={straight.as_posix()!r}", f"stop_after_steps={2 * k}")
+    train_here(*common, f"run_dir={resumed.as_posix()!r}", f"stop_after_steps={k}")
     assert latest_checkpoint(resumed)["components"]["progress"]["batch_in_epoch"] > 0
     run_training(
         *common, f"run_dir={resumed.as_posix()!r}", f"stop_after_steps={2 * k}", "--resume"

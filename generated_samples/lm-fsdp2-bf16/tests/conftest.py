@@ -14,10 +14,10 @@ from lm_fsdp2_bf16.config import Config, load_config
 from lm_fsdp2_bf16.runtime import Runtime, init_runtime
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-# Smaller data for the tests where the example's defaults would take minutes on a CPU.
-# A smaller corpus and decoder than the example's: the ladder checks the machinery, and CPUs
-# without native 16-bit matrix units run low-precision matmuls many times slower than fp32.
-TEST_SETTINGS: dict[str, object] = {"corpus_bytes": 60_000, "model_size": "100K"}
+# A smaller model and data for the tests: the example's defaults would take minutes on a CPU.
+# A smaller corpus, context and decoder than the example's: the ladder checks the machinery,
+# and CPUs without native 16-bit matrix units run low-precision matmuls many times slower.
+TEST_SETTINGS: dict[str, object] = {"corpus_bytes": 30_000, "block_size": 32, "model_size": "30K"}
 # Ranks draw their own dropout: off where runs of 1 and 2 processes compare.
 RANDOMNESS_OFF = ["dropout=0.0"]
 

@@ -1,7 +1,7 @@
-"""Run under torchrun by test_distributed.py: train a few accumulated steps, then save this
-rank's flattened parameters (the test compares the ranks bitwise) and what ran, as seen from
-inside the run: the world size, the wrappers around the model, the share of each parameter
-this rank stores, and the dtypes the layers computed in."""
+"""Run under torchrun by test_distributed.py: train with the key=value settings given, then
+save this rank's flattened parameters (the test compares the ranks bitwise) and what ran, as
+seen from inside the run: the world size, the wrappers around the model, the share of each
+parameter this rank stores, and the dtypes the layers computed in."""
 
 from __future__ import annotations
 
@@ -52,8 +52,7 @@ def record_compute_dtypes(model: nn.Module) -> set[str]:
 
 
 def main(config_path: str, run_dir: str, *overrides: str) -> None:
-    settings = ["device=cpu", "grad_accum_steps=3", "stop_after_steps=4", *overrides]
-    config = load_config(config_path, settings)
+    config = load_config(config_path, ["device=cpu", *overrides])
     runtime = init_runtime("cpu")
     trainer = Trainer(dataclasses.replace(config, run_dir=run_dir), runtime)
     compute_dtypes = record_compute_dtypes(trainer.engine.model)

@@ -3,6 +3,7 @@ resumes exactly, keeps the parameters identical on every rank, and runs on two n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -17,8 +18,11 @@ import pytest
 import torch
 
 from lm_fsdp2_bf16.checkpoint import find_latest
+from lm_fsdp2_bf16.config import load_config
 from lm_fsdp2_bf16.engine import COMPUTE_DTYPE
 from lm_fsdp2_bf16.model import build_model
+from lm_fsdp2_bf16.runtime import init_runtime
+from lm_fsdp2_bf16.train import Trainer
 
 from conftest import RANDOMNESS_OFF, TEST_OVERRIDES, config_for_tests
 
@@ -26,13 +30,18 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 COMPARABLE = [*RANDOMNESS_OFF, "log_every=1", "grad_accum_steps=2", "epochs=1"]
 
 
+def short_tmpdir() -> Path:
+    """A short TMPDIR for torchrun and its workers. torchrun leaves torchelastic_* folders
+    there, and DataLoader workers pass tensors over Unix sockets bound under it: a socket path
+    over 108 bytes fails inside the worker's queue thread and the loader waits forever (seen
+    with pytest's deep tmp_path)."""
+    return Path(tempfile.mkdtemp(prefix="tr-"))
+
+
 @pytest.fixture
 def scratch() -> Iterator[Path]:
-    """A short TMPDIR for torchrun and its workers, removed afterwards. torchrun leaves
-    torchelastic_* folders there, and DataLoader workers pass tensors over Unix sockets bound
-    under it: a socket path over 108 bytes fails inside the worker's queue thread and the
-    loader waits forever (seen with pytest's deep tmp_path)."""
-    path = Path(tempfile.mkdtemp(prefix="tr-"))
+    """`short_tmpdir`, removed after the test."""
+    path = short_tmpdir()
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
@@ -87,10 +96,31 @@ def tolerance() -> dict[str, float]:
     return {"rel": 1e-4, "abs": 1e-6} if exact else {"rel": 3e-2, "abs": 3e-3}
 
 
-def test_two_processes_match_one_at_the_same_global_batch(tmp_path, scratch):
-    one, two = tmp_path / "one", tmp_path / "two"
-    torchrun(scratch, 1, *COMPARABLE, "micro_batch_size=64", f"run_dir='{one.as_posix()}'")
-    torchrun(scratch, 2, *COMPARABLE, "micro_batch_size=32", f"run_dir='{two.as_posix()}'")
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One 2-process launch of tests/rank_probe.py, which trains like `train` does and records
+    what ran on each rank; several tests read its run folder. Randomness off, as it is compared
+    with one process at the same global batch."""
+    run_dir, scratch = tmp_path_factory.mktemp("two"), short_tmpdir()
+    probe = PROJECT_ROOT / "tests" / "rank_probe.py"
+    config = PROJECT_ROOT / "configs" / "train.toml"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command += [str(probe), str(config), str(run_dir), *TEST_OVERRIDES, *COMPARABLE]
+    try:
+        result = run([*command, "micro_batch_size=32"], launcher_env(scratch))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return run_dir
+
+
+def test_two_processes_match_one_at_the_same_global_batch(tmp_path, two_process_run):
+    """The one-process run is this test's own (a one-process group, as torchrun with one
+    process would make); the two-process run is the probe's launch."""
+    one, two = tmp_path / "one", two_process_run
+    settings = [*TEST_OVERRIDES, *COMPARABLE, "device=cpu", "micro_batch_size=64"]
+    config = load_config(PROJECT_ROOT / "configs" / "train.toml", settings)
+    Trainer(dataclasses.replace(config, run_dir=str(one)), init_runtime("cpu")).fit()
     single, double = records(one, "train"), records(two, "train")
     assert [r["step"] for r in single] == [r["step"] for r in double]
     for a, b in zip(single, double, strict=True):
@@ -118,16 +148,11 @@ def test_two_process_resume_mid_epoch_is_bitwise(tmp_path, scratch):
     assert records(straight, "train") == records(resumed, "train")
 
 
-def test_every_rank_ran_what_was_rendered_and_ends_with_identical_parameters(tmp_path, scratch):
-    """One launch, checked from inside the run: frameworks fall back without a word (a rank
-    that trains alone, a sharding plugin that only replicates, a precision that becomes another),
-    so the world size, the wrapper, the stored share and the compute dtype are asserted."""
-    probe = PROJECT_ROOT / "tests" / "rank_probe.py"
-    config = PROJECT_ROOT / "configs" / "train.toml"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    command += [str(probe), str(config), str(tmp_path), *TEST_OVERRIDES]
-    result = run(command, launcher_env(scratch))
-    assert result.returncode == 0, result.stderr[-4000:]
+def test_every_rank_ran_what_was_rendered_and_ends_with_identical_parameters(two_process_run):
+    """Checked from inside the run: frameworks fall back without a word (a rank that trains
+    alone, a sharding plugin that only replicates, a precision that becomes another), so the
+    world size, the wrapper, the stored share and the compute dtype are asserted."""
+    tmp_path = two_process_run
     for rank in (0, 1):
         ran = json.loads((tmp_path / f"ran-rank{rank}.json").read_text())
         assert ran["world_size"] == ran["runtime_world_size"] == 2, ran
@@ -149,7 +174,7 @@ def test_two_nodes_of_one_process_each_on_this_machine(tmp_path, scratch):
     nodes_env |= {"NPROC_PER_NODE": "1", "RUN_ID": f"test-{os.getpid()}"}
     env = launcher_env(scratch) | nodes_env
     run_dir = tmp_path / "multinode"
-    command = ["bash", "launch/multinode.sh", "device=cpu", "epochs=1", *TEST_OVERRIDES]
+    command = ["bash", "launch/multinode.sh", "device=cpu", "stop_after_steps=2", *TEST_OVERRIDES]
     command += [f"run_dir='{run_dir}'"]
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
     nodes = [subprocess.Popen(command, cwd=PROJECT_ROOT, env=env, **pipes) for _ in range(2)]
@@ -157,4 +182,4 @@ def test_two_nodes_of_one_process_each_on_this_machine(tmp_path, scratch):
     for node, (_, stderr) in zip(nodes, outputs, strict=True):
         assert node.returncode == 0, stderr[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["epochs_completed"] == 1
+    assert summary["world_size"] == 2 and summary["steps"] == 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+import pytest
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
@@ -105,3 +106,16 @@ def test_layers_compute_in_the_rendered_dtype(config):
             module.register_forward_hook(lambda _module, _inputs, out: seen.add(out.dtype))
     sgd_updates(model, [first_batch(config, size=8)], config)
     assert seen == {engine_module.COMPUTE_DTYPE}
+
+
+def test_float32_matmuls_keep_full_precision_on_the_cpu():
+    """TF32 is a CUDA setting: a CPU run's float32 matmuls stay as they were."""
+    torch.set_float32_matmul_precision("highest")  # PyTorch's default, whatever ran before
+    init_runtime("cpu")
+    assert torch.get_float32_matmul_precision() == "highest"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_float32_matmuls_use_tf32_on_cuda():
+    init_runtime("cuda")
+    assert torch.get_float32_matmul_precision() == "high"

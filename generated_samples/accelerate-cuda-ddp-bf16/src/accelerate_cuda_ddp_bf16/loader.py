@@ -14,7 +14,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset
 
 from .config import Config
 from .runtime import (
-    WORKER_START_METHOD,
+    WORKER_CONTEXT,
     Runtime,
     eval_sampler,
     set_sampler_epoch,
@@ -64,7 +64,7 @@ def make_train_loader(dataset: Dataset, config: Config, runtime: Runtime) -> Dat
         worker_init_fn=seed_worker,
         generator=generator,
         pin_memory=runtime.device.type == "cuda",
-        multiprocessing_context=WORKER_START_METHOD if config.num_workers > 0 else None,
+        multiprocessing_context=WORKER_CONTEXT if config.num_workers > 0 else None,
     )
 
 

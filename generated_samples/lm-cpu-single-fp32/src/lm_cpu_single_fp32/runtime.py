@@ -17,7 +17,7 @@ from torch.utils.data import Dataset, RandomSampler, Sampler, SequentialSampler
 
 # DataLoader workers start the platform's default way (a plain fork on Linux, the quickest):
 # without a process group there are no communication threads whose locks a fork could copy.
-WORKER_START_METHOD = None
+WORKER_CONTEXT = None
 
 
 @dataclass(frozen=True)

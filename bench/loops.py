@@ -1,0 +1,260 @@
+"""One training loop, timed, in this process: `python bench/loops.py PROJECT LOOP EPOCHS`.
+
+Every loop trains the rendered project's own model, dataset, AdamW (its weight-decay groups),
+precision (fp32 on CPU) and micro-batch, on the CPU, for EPOCHS epochs. Only optimizer steps
+after the first epoch are timed (the first pays for lazy initialisation and allocator warm-up);
+validation is left out. Prints one JSON line: {"loop", "steps", "seconds", "steps_per_second"}.
+
+Loops:
+    rendered            the project's Trainer (clipping, schedule, logging, progress bar,
+                        checkpoint cadence), epochs run through `Trainer.train_epoch`
+    bare                a hand-written loop over the dataset's batch reads: no DataLoader,
+                        no clipping, no schedule, no logging
+    lightning           Lightning's Trainer, progress bar, logger and checkpoints off
+    lightning-logged    the same with its progress bar, `self.log`, clipping and the schedule
+    fabric              Lightning Fabric's loop as its docs show
+    accelerate          HF Accelerate's loop as its docs show
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+
+
+def project_modules(project: Path) -> dict[str, ModuleType]:
+    """The rendered project's modules by name (config, data, model, optim, task, train, runtime)."""
+    sys.path.insert(0, str(project / "src"))
+    package = next((project / "src").glob("*/train.py")).parent.name
+    names = ("config", "data", "model", "optim", "task", "train", "runtime")
+    return {name: importlib.import_module(f"{package}.{name}") for name in names}
+
+
+def bench_config(modules: dict[str, ModuleType], project: Path, run_dir: Path, epochs: int) -> Any:
+    """The project's config on the CPU: no augmentation (its cost is the data's, not the loop's),
+    no early stopping, and `epochs` epochs."""
+    config = modules["config"].load_config(project / "configs" / "train.toml")
+    extra = {"augment": False} if hasattr(config, "augment") else {}
+    return dataclasses.replace(
+        config,
+        device="cpu",
+        run_dir=str(run_dir),
+        epochs=epochs,
+        early_stop_patience=0,
+        grad_accum_steps=1,
+        **extra,
+    )
+
+
+def batch_loader(dataset: Any, micro_batch_size: int) -> DataLoader:
+    """The DataLoader the frameworks' loops read: shuffled whole-batch reads, as the project's."""
+    sampler = BatchSampler(RandomSampler(dataset), micro_batch_size, drop_last=True)
+    return DataLoader(dataset, sampler=sampler, batch_size=None)
+
+
+class StepClock:
+    """Counts optimizer steps; starts its clock when the first timed step begins."""
+
+    def __init__(self, untimed_steps: int):
+        self.untimed_steps, self.steps, self.start = untimed_steps, 0, 0.0
+
+    def tick(self) -> None:
+        """Call once before each optimizer step."""
+        if self.steps == self.untimed_steps:
+            self.start = time.perf_counter()
+        self.steps += 1
+
+    def result(self, loop: str) -> dict[str, Any]:
+        seconds = time.perf_counter() - self.start
+        timed = self.steps - self.untimed_steps
+        return {
+            "loop": loop,
+            "steps": timed,
+            "seconds": seconds,
+            "steps_per_second": timed / seconds,
+        }
+
+
+def run_rendered(modules: dict[str, ModuleType], config: Any) -> dict[str, Any]:
+    trainer = modules["train"].Trainer(config, modules["runtime"].init_runtime("cpu"))
+    trainer.log.start_run()
+    timed_seconds, timed_steps = 0.0, 0
+    for epoch in range(config.epochs):
+        steps_before, start = trainer.state.step, time.perf_counter()
+        trainer.train_epoch()
+        if epoch > 0:
+            timed_seconds += time.perf_counter() - start
+            timed_steps += trainer.state.step - steps_before
+        trainer.state.end_epoch()
+        trainer.position.end_epoch()
+    return {
+        "loop": "rendered",
+        "steps": timed_steps,
+        "seconds": timed_seconds,
+        "steps_per_second": timed_steps / timed_seconds,
+    }
+
+
+def shuffled_batches(dataset: Any, micro_batch_size: int, epochs: int) -> Iterator[Any]:
+    for _ in range(epochs):
+        order = torch.randperm(len(dataset)).tolist()
+        for start in range(0, len(order) - micro_batch_size + 1, micro_batch_size):
+            yield dataset[order[start : start + micro_batch_size]]
+
+
+def run_bare(modules: dict[str, ModuleType], config: Any, steps_per_epoch: int) -> dict[str, Any]:
+    train_set, _ = modules["data"].build_datasets(config)
+    model = modules["model"].build_model(config)
+    optimizer = modules["optim"].build_optimizer(model, config)
+    loss_fn, clock = modules["task"].loss_fn, StepClock(steps_per_epoch)
+    for inputs, targets in shuffled_batches(train_set, config.micro_batch_size, config.epochs):
+        clock.tick()
+        loss = loss_fn(model(inputs), targets)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return clock.result("bare")
+
+
+def run_lightning(
+    modules: dict[str, ModuleType], config: Any, steps_per_epoch: int, logged: bool
+) -> dict[str, Any]:
+    import lightning as L
+
+    clock = StepClock(steps_per_epoch)
+    optim = modules["optim"]
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = modules["model"].build_model(config)
+
+        def training_step(self, batch: Any, batch_index: int) -> torch.Tensor:
+            clock.tick()
+            loss = modules["task"].loss_fn(self.model(batch[0]), batch[1])
+            if logged:
+                self.log("loss", loss, prog_bar=True)
+            return loss
+
+        def configure_optimizers(self) -> Any:
+            optimizer = optim.build_optimizer(self.model, config)
+            if not logged:
+                return optimizer
+            total = config.epochs * steps_per_epoch
+            scheduler = optim.build_scheduler(optimizer, config, total)
+            return {
+                "optimizer": optimizer,
+                "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+            }
+
+    train_set, _ = modules["data"].build_datasets(config)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=config.epochs,
+        logger=logged,
+        enable_progress_bar=logged,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        gradient_clip_val=config.max_grad_norm if logged else None,
+        default_root_dir=config.run_dir,
+    )
+    trainer.fit(Module(), batch_loader(train_set, config.micro_batch_size))
+    return clock.result("lightning-logged" if logged else "lightning")
+
+
+def run_fabric(modules: dict[str, ModuleType], config: Any, steps_per_epoch: int) -> dict[str, Any]:
+    from lightning.fabric import Fabric
+
+    fabric = Fabric(accelerator="cpu", devices=1, precision="32-true")
+    model = modules["model"].build_model(config)
+    optimizer = modules["optim"].build_optimizer(model, config)
+    model, optimizer = fabric.setup(model, optimizer)
+    train_set, _ = modules["data"].build_datasets(config)
+    loader = fabric.setup_dataloaders(batch_loader(train_set, config.micro_batch_size))
+    clock = StepClock(steps_per_epoch)
+    for _ in range(config.epochs):
+        for inputs, targets in loader:
+            clock.tick()
+            optimizer.zero_grad()
+            loss = modules["task"].loss_fn(model(inputs), targets)
+            fabric.backward(loss)
+            optimizer.step()
+    return clock.result("fabric")
+
+
+def run_accelerate(
+    modules: dict[str, ModuleType], config: Any, steps_per_epoch: int
+) -> dict[str, Any]:
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    model = modules["model"].build_model(config)
+    optimizer = modules["optim"].build_optimizer(model, config)
+    train_set, _ = modules["data"].build_datasets(config)
+    loader = batch_loader(train_set, config.micro_batch_size)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    clock = StepClock(steps_per_epoch)
+    for _ in range(config.epochs):
+        for inputs, targets in loader:
+            clock.tick()
+            optimizer.zero_grad()
+            loss = modules["task"].loss_fn(model(inputs), targets)
+            accelerator.backward(loss)
+            optimizer.step()
+    return clock.result("accelerate")
+
+
+def run_loop(project: Path, loop: str, epochs: int) -> dict[str, Any]:
+    """Train `project`'s model with `loop` for `epochs` epochs; the timed figures.
+
+    Raises:
+        ValueError: an unknown loop name.
+    """
+    torch.manual_seed(0)
+    modules = project_modules(project)
+    with tempfile.TemporaryDirectory() as scratch:
+        config = bench_config(modules, project, Path(scratch) / "run", epochs)
+        train_set, _ = modules["data"].build_datasets(config)
+        steps_per_epoch = len(train_set) // config.micro_batch_size
+        runners: dict[str, Callable[[], dict[str, Any]]] = {
+            "rendered": lambda: run_rendered(modules, config),
+            "bare": lambda: run_bare(modules, config, steps_per_epoch),
+            "lightning": lambda: run_lightning(modules, config, steps_per_epoch, logged=False),
+            "lightning-logged": lambda: run_lightning(modules, config, steps_per_epoch, True),
+            "fabric": lambda: run_fabric(modules, config, steps_per_epoch),
+            "accelerate": lambda: run_accelerate(modules, config, steps_per_epoch),
+        }
+        if loop not in runners:
+            raise ValueError(f"unknown loop {loop!r}; pick one of {', '.join(runners)}")
+        return runners[loop]()
+
+
+LOOPS = ("rendered", "bare", "lightning", "lightning-logged", "fabric", "accelerate")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("project", type=Path, help="a rendered project's folder")
+    parser.add_argument("loop", choices=LOOPS)
+    parser.add_argument("epochs", type=int)
+    args = parser.parse_args()
+    print(json.dumps(run_loop(args.project, args.loop, args.epochs)))
+
+
+if __name__ == "__main__":
+    main()
