@@ -1,15 +1,20 @@
-"""One training loop, timed, in this process: `python bench/loops.py PROJECT LOOP EPOCHS`.
+"""One training loop, timed, in this process:
 
-Every loop trains the rendered project's own model, dataset, AdamW (its weight-decay groups),
-precision (fp32 on CPU) and micro-batch, on the CPU, for EPOCHS epochs. Only optimizer steps
-after the first epoch are timed (the first pays for lazy initialisation and allocator warm-up);
-validation is left out. Prints one JSON line: {"loop", "steps", "seconds", "steps_per_second"}.
+    python bench/loops.py PROJECT LOOP EPOCHS [key=value ...]       # device=cuda for a GPU
+
+Every loop trains the rendered project's own model, dataset, AdamW (its weight-decay groups;
+fused on CUDA), compute dtype and micro-batch, with its config's key=value overrides, for EPOCHS
+epochs. Only optimizer steps after the first epoch are timed (the first pays for lazy
+initialisation, allocator warm-up and compilation); validation is left out. Prints one JSON
+line: {"loop", "steps", "seconds", "steps_per_second", "tokens_per_step", "parameters"}
+(tokens_per_step: 0 for a task without tokens).
 
 Loops:
     rendered            the project's Trainer (clipping, schedule, logging, progress bar,
                         checkpoint cadence), epochs run through `Trainer.train_epoch`
     bare                a hand-written loop over the dataset's batch reads: no DataLoader,
-                        no clipping, no schedule, no logging
+                        no clipping, no schedule, no logging; the project's autocast dtype,
+                        `torch.compile` when `compile=true`, TF32 on CUDA
     lightning           Lightning's Trainer, progress bar, logger and checkpoints off
     lightning-logged    the same with its progress bar, `self.log`, clipping and the schedule
     fabric              Lightning Fabric's loop as its docs show
@@ -33,23 +38,26 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
+CPU = torch.device("cpu")
+
 
 def project_modules(project: Path) -> dict[str, ModuleType]:
-    """The rendered project's modules by name (config, data, model, optim, task, train, runtime)."""
+    """The rendered project's modules by name (config, data, engine, model, optim, ...)."""
     sys.path.insert(0, str(project / "src"))
     package = next((project / "src").glob("*/train.py")).parent.name
-    names = ("config", "data", "model", "optim", "task", "train", "runtime")
+    names = ("config", "data", "engine", "model", "optim", "task", "train", "runtime")
     return {name: importlib.import_module(f"{package}.{name}") for name in names}
 
 
-def bench_config(modules: dict[str, ModuleType], project: Path, run_dir: Path, epochs: int) -> Any:
-    """The project's config on the CPU: no augmentation (its cost is the data's, not the loop's),
-    no early stopping, and `epochs` epochs."""
-    config = modules["config"].load_config(project / "configs" / "train.toml")
+def bench_config(
+    modules: dict[str, ModuleType], project: Path, run_dir: Path, epochs: int, settings: list[str]
+) -> Any:
+    """The project's config with `settings` (key=value), then: no augmentation (its cost is the
+    data's, not the loop's), no early stopping, no accumulation, and `epochs` epochs."""
+    config = modules["config"].load_config(project / "configs" / "train.toml", settings)
     extra = {"augment": False} if hasattr(config, "augment") else {}
     return dataclasses.replace(
         config,
-        device="cpu",
         run_dir=str(run_dir),
         epochs=epochs,
         early_stop_patience=0,
@@ -67,16 +75,19 @@ def batch_loader(dataset: Any, micro_batch_size: int) -> DataLoader:
 class StepClock:
     """Counts optimizer steps; starts its clock when the first timed step begins."""
 
-    def __init__(self, untimed_steps: int):
+    def __init__(self, untimed_steps: int, device: torch.device = CPU):
         self.untimed_steps, self.steps, self.start = untimed_steps, 0, 0.0
+        self.device = device
 
     def tick(self) -> None:
         """Call once before each optimizer step."""
         if self.steps == self.untimed_steps:
+            synchronize(self.device)
             self.start = time.perf_counter()
         self.steps += 1
 
     def result(self, loop: str) -> dict[str, Any]:
+        synchronize(self.device)
         seconds = time.perf_counter() - self.start
         timed = self.steps - self.untimed_steps
         return {
@@ -87,13 +98,22 @@ class StepClock:
         }
 
 
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # queued kernels belong to the steps being timed
+
+
 def run_rendered(modules: dict[str, ModuleType], config: Any) -> dict[str, Any]:
-    trainer = modules["train"].Trainer(config, modules["runtime"].init_runtime("cpu"))
+    trainer = modules["train"].Trainer(config, modules["runtime"].init_runtime(config.device))
+    device = trainer.runtime.device
     trainer.log.start_run()
     timed_seconds, timed_steps = 0.0, 0
     for epoch in range(config.epochs):
-        steps_before, start = trainer.state.step, time.perf_counter()
+        steps_before = trainer.state.step
+        synchronize(device)
+        start = time.perf_counter()
         trainer.train_epoch()
+        synchronize(device)
         if epoch > 0:
             timed_seconds += time.perf_counter() - start
             timed_steps += trainer.state.step - steps_before
@@ -115,13 +135,21 @@ def shuffled_batches(dataset: Any, micro_batch_size: int, epochs: int) -> Iterat
 
 
 def run_bare(modules: dict[str, ModuleType], config: Any, steps_per_epoch: int) -> dict[str, Any]:
+    device = torch.device(config.device)
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")
     train_set, _ = modules["data"].build_datasets(config)
-    model = modules["model"].build_model(config)
+    model = modules["model"].build_model(config).to(device)
     optimizer = modules["optim"].build_optimizer(model, config)
-    loss_fn, clock = modules["task"].loss_fn, StepClock(steps_per_epoch)
+    forward = torch.compile(model) if config.compile else model
+    dtype = modules["engine"].COMPUTE_DTYPE
+    loss_fn, clock = modules["task"].loss_fn, StepClock(steps_per_epoch, device)
     for inputs, targets in shuffled_batches(train_set, config.micro_batch_size, config.epochs):
         clock.tick()
-        loss = loss_fn(model(inputs), targets)
+        inputs = inputs.to(device, non_blocking=True)
+        targets = targets.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not torch.float32):
+            loss = loss_fn(forward(inputs), targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -177,6 +205,25 @@ def run_lightning(
     return clock.result("lightning-logged" if logged else "lightning")
 
 
+def framework_loop(
+    model: Any,
+    optimizer: Any,
+    loader: Any,
+    backward: Callable[[torch.Tensor], None],
+    loss_fn: Callable,
+    clock: StepClock,
+    config: Any,
+) -> None:
+    """The loop Fabric's and Accelerate's docs show, with the framework's own `backward`."""
+    for _ in range(config.epochs):
+        for inputs, targets in loader:
+            clock.tick()
+            optimizer.zero_grad()
+            loss = loss_fn(model(inputs), targets)
+            backward(loss)
+            optimizer.step()
+
+
 def run_fabric(modules: dict[str, ModuleType], config: Any, steps_per_epoch: int) -> dict[str, Any]:
     from lightning.fabric import Fabric
 
@@ -187,13 +234,9 @@ def run_fabric(modules: dict[str, ModuleType], config: Any, steps_per_epoch: int
     train_set, _ = modules["data"].build_datasets(config)
     loader = fabric.setup_dataloaders(batch_loader(train_set, config.micro_batch_size))
     clock = StepClock(steps_per_epoch)
-    for _ in range(config.epochs):
-        for inputs, targets in loader:
-            clock.tick()
-            optimizer.zero_grad()
-            loss = modules["task"].loss_fn(model(inputs), targets)
-            fabric.backward(loss)
-            optimizer.step()
+    framework_loop(
+        model, optimizer, loader, fabric.backward, modules["task"].loss_fn, clock, config
+    )
     return clock.result("fabric")
 
 
@@ -209,26 +252,24 @@ def run_accelerate(
     loader = batch_loader(train_set, config.micro_batch_size)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     clock = StepClock(steps_per_epoch)
-    for _ in range(config.epochs):
-        for inputs, targets in loader:
-            clock.tick()
-            optimizer.zero_grad()
-            loss = modules["task"].loss_fn(model(inputs), targets)
-            accelerator.backward(loss)
-            optimizer.step()
+    loss_fn = modules["task"].loss_fn
+    framework_loop(model, optimizer, loader, accelerator.backward, loss_fn, clock, config)
     return clock.result("accelerate")
 
 
-def run_loop(project: Path, loop: str, epochs: int) -> dict[str, Any]:
+def run_loop(project: Path, loop: str, epochs: int, settings: list[str]) -> dict[str, Any]:
     """Train `project`'s model with `loop` for `epochs` epochs; the timed figures.
 
     Raises:
-        ValueError: an unknown loop name.
+        ValueError: an unknown loop name, or a framework loop asked for another device than
+            the CPU (they are written for it).
     """
     torch.manual_seed(0)
     modules = project_modules(project)
     with tempfile.TemporaryDirectory() as scratch:
-        config = bench_config(modules, project, Path(scratch) / "run", epochs)
+        config = bench_config(modules, project, Path(scratch) / "run", epochs, settings)
+        if loop not in ("rendered", "bare") and config.device != "cpu":
+            raise ValueError(f"the {loop} loop runs on the CPU only; drop device={config.device}")
         train_set, _ = modules["data"].build_datasets(config)
         steps_per_epoch = len(train_set) // config.micro_batch_size
         runners: dict[str, Callable[[], dict[str, Any]]] = {
@@ -241,7 +282,11 @@ def run_loop(project: Path, loop: str, epochs: int) -> dict[str, Any]:
         }
         if loop not in runners:
             raise ValueError(f"unknown loop {loop!r}; pick one of {', '.join(runners)}")
-        return runners[loop]()
+        result = runners[loop]()
+    inputs, _ = train_set[list(range(config.micro_batch_size))]
+    result["tokens_per_step"] = inputs.numel() if not inputs.is_floating_point() else 0
+    result["parameters"] = sum(p.numel() for p in modules["model"].build_model(config).parameters())
+    return result
 
 
 LOOPS = ("rendered", "bare", "lightning", "lightning-logged", "fabric", "accelerate")
@@ -252,8 +297,10 @@ def main() -> None:
     parser.add_argument("project", type=Path, help="a rendered project's folder")
     parser.add_argument("loop", choices=LOOPS)
     parser.add_argument("epochs", type=int)
+    parser.add_argument("settings", nargs="*", metavar="key=value", help="config overrides")
     args = parser.parse_args()
-    print(json.dumps(run_loop(args.project, args.loop, args.epochs)))
+    settings = ["device=cpu", *args.settings]  # a later device=cuda wins
+    print(json.dumps(run_loop(args.project, args.loop, args.epochs, settings)))
 
 
 if __name__ == "__main__":

@@ -8,10 +8,12 @@ suite, so the GPU machine needs neither copier nor scaffold) briefly on the GPU:
 and fp16 with GradScaler numerics (initial loss near ln(classes), a finite, falling loss,
 validation accuracy), DDP, FSDP2 (bf16 MixedPrecisionPolicy, DCP checkpoints) and DeepSpeed
 ZeRO-2/3 over NCCL with world size 1 (torchrun, one process), torch.compile, and the run
-summary's samples/s, tokens/s and MFU. Rows with a resume step also stop a second run there
-(`stop_after_steps`), continue it with `--resume`, and report how far its final validation loss
-lies from the straight run's ("resume diff"; GPU kernels such as atomics-based backward passes
-are not bitwise deterministic, so a small non-zero figure is expected there).
+summary's samples/s, tokens/s and MFU; last, the language model's throughput at GPT-2-small
+size beside a bare loop (bench/gpu_throughput.py; `--only throughput` for it alone). Rows with
+a resume step also stop a second run there (`stop_after_steps`), continue it with `--resume`,
+and report how far its final validation loss lies from the straight run's ("resume diff"; GPU
+kernels such as atomics-based backward passes are not bitwise deterministic, so a small
+non-zero figure is expected there).
 """
 
 from __future__ import annotations
@@ -139,7 +141,27 @@ def main() -> int:
         ]
         print(f"{label:<20}{variant:<18}{row['status'][:15]:<16}{''.join(cells)}"
               f"{row['wall']:>8.1f}")  # fmt: skip
-    return 0 if all(row["status"] == "ok" for _, _, row in rows) else 1
+    throughput_ok = True
+    if not args.only or "throughput" in args.only:
+        throughput_ok = lm_throughput_row(args.device, deadline - time.perf_counter())
+    return 0 if throughput_ok and all(row["status"] == "ok" for _, _, row in rows) else 1
+
+
+def lm_throughput_row(device: str, seconds_left: float) -> bool:
+    """bench/gpu_throughput.py: the rendered LM loop against a bare loop at GPT-2-small size,
+    with and without torch.compile (tokens/s, MFU, ratio); prints its table."""
+    if seconds_left < 60:
+        print("LM throughput vs bare loop: skipped: time budget")
+        return False
+    command = [sys.executable, str(ROOT / "bench" / "gpu_throughput.py"), f"--device={device}"]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=seconds_left)
+    except subprocess.TimeoutExpired:
+        print("LM throughput vs bare loop: FAIL: timed out")
+        return False
+    print("\nLM throughput vs bare loop (bench/gpu_throughput.py)")
+    print(result.stdout if result.returncode == 0 else result.stderr[-3000:])
+    return result.returncode == 0
 
 
 if __name__ == "__main__":

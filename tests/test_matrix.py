@@ -10,9 +10,17 @@ from conftest import ruff, run_in_project
 from scaffold.samples import render_variant
 from scaffold.variants import VARIANTS
 
-# Multi-process variants take 3-6x longer than single-process ones: queued first, they leave
-# xdist's worksteal a tail of short runs to balance instead of one long run on one worker.
-HEAVIEST_FIRST = sorted(VARIANTS, key=lambda name: VARIANTS[name]["strategy"] == "single")
+
+def queue_position(name: str) -> int:
+    """Multi-process variants take 3-6x longer than single-process ones: queued first, they
+    leave xdist's worksteal a tail of short runs to balance instead of one long run on one
+    worker. ZeRO's come after the other multi-process ones: scripts/test.sh builds DeepSpeed's
+    CPU ops while the first tests run."""
+    strategy = VARIANTS[name]["strategy"]
+    return 2 if strategy == "single" else 1 if strategy.startswith("zero") else 0
+
+
+HEAVIEST_FIRST = sorted(VARIANTS, key=queue_position)
 
 
 @pytest.mark.slow

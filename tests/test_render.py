@@ -95,18 +95,18 @@ def test_fabric_fp16_hands_fabric_its_own_loss_scaler(tmp_path):
 
 
 def test_precision_is_data_in_one_engine_text(tmp_path):
-    """fp32 and fp16 render the same engine but for two constants; the fp16 step unscales
+    """bf16 and fp16 render the same engine but for three constants; the fp16 step unscales
     before it clips."""
     engines = {}
-    for variant in ("cpu-single-fp32", "cuda-single-fp16"):
+    for variant in ("cuda-single-bf16", "cuda-single-fp16"):
         package = variant.replace("-", "_")
         render_raw(variant, tmp_path / package)
         engines[variant] = (tmp_path / package / "src" / package / "engine.py").read_text()
-    fp32, fp16 = engines["cpu-single-fp32"], engines["cuda-single-fp16"]
-    assert "COMPUTE_DTYPE = torch.float32" in fp32 and "GRAD_SCALER = False" in fp32
+    bf16, fp16 = engines["cuda-single-bf16"], engines["cuda-single-fp16"]
+    assert "COMPUTE_DTYPE = torch.bfloat16" in bf16 and "GRAD_SCALER = False" in bf16
     assert "COMPUTE_DTYPE = torch.float16" in fp16 and "GRAD_SCALER = True" in fp16
     constants = re.compile(r"^(STRATEGY|PRECISION|COMPUTE_DTYPE|GRAD_SCALER) = .*$", re.M)
-    assert constants.sub("", fp32) == constants.sub("", fp16)
+    assert constants.sub("", bf16) == constants.sub("", fp16)
     step = fp16[fp16.index("def clip_and_step") :]
     unscale, clip = step.index("unscale_(self.optimizer)"), step.index("clip_grad_norm_")
     assert unscale < clip < step.index("scaler.step(self.optimizer)")

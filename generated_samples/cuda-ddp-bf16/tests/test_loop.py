@@ -119,3 +119,20 @@ def test_float32_matmuls_keep_full_precision_on_the_cpu():
 def test_float32_matmuls_use_tf32_on_cuda():
     init_runtime("cuda")
     assert torch.get_float32_matmul_precision() == "high"
+
+
+def conv_weights(engine) -> list[torch.Tensor]:
+    return [m.weight for m in engine.model.modules() if isinstance(m, torch.nn.Conv2d)]
+
+
+def test_a_cpu_engine_keeps_the_default_layout(config):
+    engine = Engine(build_model(config), plain_sgd, init_runtime("cpu"), config)
+    assert all(weight.is_contiguous() for weight in conv_weights(engine))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_gpu_engine_holds_the_convolutions_channels_last(config):
+    config = dataclasses.replace(config, device="cuda")
+    engine = Engine(build_model(config), plain_sgd, init_runtime("cuda"), config)
+    layout = torch.channels_last
+    assert all(weight.is_contiguous(memory_format=layout) for weight in conv_weights(engine))

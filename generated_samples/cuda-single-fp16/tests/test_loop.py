@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+import pytest
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
@@ -105,3 +106,20 @@ def test_layers_compute_in_the_rendered_dtype(config):
             module.register_forward_hook(lambda _module, _inputs, out: seen.add(out.dtype))
     sgd_updates(model, [first_batch(config, size=8)], config)
     assert seen == {engine_module.COMPUTE_DTYPE}
+
+
+def conv_weights(engine) -> list[torch.Tensor]:
+    return [m.weight for m in engine.model.modules() if isinstance(m, torch.nn.Conv2d)]
+
+
+def test_a_cpu_engine_keeps_the_default_layout(config):
+    engine = Engine(build_model(config), plain_sgd, init_runtime("cpu"), config)
+    assert all(weight.is_contiguous() for weight in conv_weights(engine))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_gpu_engine_holds_the_convolutions_channels_last(config):
+    config = dataclasses.replace(config, device="cuda")
+    engine = Engine(build_model(config), plain_sgd, init_runtime("cuda"), config)
+    layout = torch.channels_last
+    assert all(weight.is_contiguous(memory_format=layout) for weight in conv_weights(engine))

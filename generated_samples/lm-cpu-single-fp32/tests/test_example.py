@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 from lm_cpu_single_fp32.config import parse_param_count
@@ -19,6 +20,7 @@ from lm_cpu_single_fp32.model import (
     width_for_param_count,
 )
 from lm_cpu_single_fp32.runtime import init_runtime
+from lm_cpu_single_fp32.task import model_flops_utilization
 
 
 def test_batch_shapes_and_dtypes(config):
@@ -62,3 +64,19 @@ def test_model_is_the_smallest_width_that_reaches_model_size(config):
         assert parameter_count(ByteGPT(width, depth, config.block_size)) >= target
         smaller = ByteGPT(width - HEAD_DIM, depth, config.block_size) if width > HEAD_DIM else None
         assert smaller is None or parameter_count(smaller) < target
+
+
+@pytest.mark.parametrize(
+    ("name", "peak"),
+    [
+        ("NVIDIA H100 80GB HBM3", 989e12),  # the SXM module
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA H100 NVL", 835e12),
+        ("NVIDIA H200", 989e12),
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+    ],
+)
+def test_mfu_divides_by_the_detected_boards_own_peak(monkeypatch, name, peak):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert model_flops_utilization(peak / 2, "cuda:0") == pytest.approx(0.5)
+    assert model_flops_utilization(peak / 2, "cpu") is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from lm_ddp_bf16 import data_headroom
 from lm_ddp_bf16.data_headroom import describe, main, measure_headroom
 from lm_ddp_bf16.loader import make_train_loader
 from lm_ddp_bf16.runtime import init_runtime
@@ -56,6 +57,8 @@ def test_the_command_prints_the_figures_writes_nothing_and_refuses_bad_counts(
     tmp_path, monkeypatch, capsys
 ):
     monkeypatch.chdir(tmp_path)  # where a run folder would appear
+    # The process group is this test session's, which later tests still use: not shut down.
+    monkeypatch.setattr(data_headroom, "shutdown_runtime", lambda runtime: None)
     settings = ["--config", str(PROJECT_ROOT / "configs" / "train.toml"), "device=cpu"]
     figures = main([*settings, "--batches", "3", "--steps", "1", *TEST_OVERRIDES])
     assert f"headroom {figures['headroom']:.1f}x" in capsys.readouterr().out

@@ -14,7 +14,6 @@ rest of the project needs from it (`train.py` imports nothing else from here):
 from __future__ import annotations
 
 import torch
-from sklearn.datasets import load_digits
 from torch import Tensor
 from torch.utils.data import Dataset
 
@@ -74,6 +73,8 @@ def build_datasets(config: Config) -> tuple[InMemoryImageDataset, InMemoryImageD
     Returns (train, validation); only the training split is augmented. Both are normalised with
     the training split's pixel mean and std, so no validation statistics leak into training.
     """
+    from sklearn.datasets import load_digits  # here: DataLoader workers never need it (~2 s)
+
     digits = load_digits()
     images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
     labels = torch.tensor(digits.target, dtype=torch.long)

@@ -82,7 +82,12 @@ class Engine:
                 f"processes, the project on {runtime.device} with {runtime.world_size}; "
                 "launch with torchrun"
             )
-        self.model = model.to(runtime.device)
+        # channels_last on a GPU: the NHWC layout cuDNN's tensor-core convolutions run on
+        # (PyTorch tutorial "Channels Last Memory Format"); weights in it make the convolutions
+        # compute and return it, whatever the input's layout. A CPU keeps the default layout.
+        on_gpu = runtime.device.type == "cuda"
+        memory_format = torch.channels_last if on_gpu else torch.preserve_format
+        self.model = model.to(runtime.device, memory_format=memory_format)
         self.module, self.optimizer = accelerator.prepare(self.model, make_optimizer(self.model))
         # Without loss scaling, a disabled scaler saves and loads an empty state.
         self.scaler = accelerator.scaler or torch.amp.GradScaler(enabled=False)

@@ -14,9 +14,12 @@ from .data import NUM_CLASSES
 
 EXPECTED_INITIAL_LOSS = math.log(NUM_CLASSES)  # a uniform prediction's cross-entropy
 
-# Dense 16-bit tensor-core peaks (FLOP/s) from the vendors' data sheets, by device name.
-PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12}
-PEAK_FLOPS |= {"A10G": 70e12, "A10": 125e12, "V100": 125e12, "T4": 65e12, "RTX 4090": 165e12}
+# Dense 16-bit tensor-core peaks (FLOP/s) from NVIDIA's data sheets (half their with-sparsity
+# figures), matched in this order against the device name: the H100 PCIe and NVL boards run
+# lower clocks than the SXM module, which reports itself as plain "H100 80GB HBM3".
+PEAK_FLOPS = {"H200": 989e12, "H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12}
+PEAK_FLOPS |= {"A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10G": 70e12, "A10": 125e12}
+PEAK_FLOPS |= {"V100": 125e12, "T4": 65e12, "RTX 4090": 165e12}
 
 
 def loss_fn(logits: Tensor, targets: Tensor) -> Tensor:
