@@ -18,7 +18,7 @@ Loops:
     lightning           Lightning's Trainer, progress bar, logger and checkpoints off
     lightning-logged    the same with its progress bar, `self.log`, clipping and the schedule
     fabric              Lightning Fabric's loop as its docs show
-    accelerate          HF Accelerate's loop as its docs show
+    accelerate          HF Accelerate's loop as its docs show (its DataLoader not prepared)
 """
 
 from __future__ import annotations
@@ -249,8 +249,11 @@ def run_accelerate(
     model = modules["model"].build_model(config)
     optimizer = modules["optim"].build_optimizer(model, config)
     train_set, _ = modules["data"].build_datasets(config)
+    # The loader is not prepared: Accelerate rebuilds a DataLoader from its batch_size and
+    # refuses one whose sampler yields whole batches (batch_size=None). With one CPU process
+    # preparing it would only move batches to the CPU.
     loader = batch_loader(train_set, config.micro_batch_size)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    model, optimizer = accelerator.prepare(model, optimizer)
     clock = StepClock(steps_per_epoch)
     loss_fn = modules["task"].loss_fn
     framework_loop(model, optimizer, loader, accelerator.backward, loss_fn, clock, config)

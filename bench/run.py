@@ -29,9 +29,9 @@ import torch
 from scaffold.samples import fresh_template_cache, render_variant
 
 BENCH = Path(__file__).resolve().parent
-PROJECTS = {  # variant -> epochs per loop run (~300 timed steps for the digits' small epochs)
-    "cpu-single-fp32": 15,
-    "lm-cpu-single-fp32": 3,
+PROJECTS = {  # variant -> epochs per loop run (~150 timed steps each)
+    "cpu-single-fp32": 8,
+    "lm-cpu-single-fp32": 2,
 }
 LOOPS = ("bare", "rendered", "lightning", "lightning-logged", "fabric", "accelerate")
 MARKERS = ("<!-- results: start -->", "<!-- results: end -->")
