@@ -40,7 +40,8 @@ def time_loop(loop: str, epochs: int, settings: list[str]) -> dict:
 
 def mfu(tokens_per_second: float, parameters: int, device: str) -> float | None:
     """Model FLOPs utilisation by the project's own rule (None on a CPU or an unknown GPU)."""
-    sys.path.insert(0, str(PROJECT / "src"))
+    if str(PROJECT / "src") not in sys.path:
+        sys.path.insert(0, str(PROJECT / "src"))
     task = importlib.import_module("lm_ddp_bf16.task")
     return task.model_flops_utilization(6 * parameters * tokens_per_second, device)
 
