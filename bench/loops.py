@@ -106,7 +106,7 @@ def synchronize(device: torch.device) -> None:
 def run_rendered(modules: dict[str, ModuleType], config: Any) -> dict[str, Any]:
     trainer = modules["train"].Trainer(config, modules["runtime"].init_runtime(config.device))
     device = trainer.runtime.device
-    trainer.log.start_run()
+    trainer.log.start_run(trainer.state, resumed_from=None)
     timed_seconds, timed_steps = 0.0, 0
     for epoch in range(config.epochs):
         steps_before = trainer.state.step
@@ -119,6 +119,7 @@ def run_rendered(modules: dict[str, ModuleType], config: Any) -> dict[str, Any]:
             timed_steps += trainer.state.step - steps_before
         trainer.state.end_epoch()
         trainer.position.end_epoch()
+    trainer.log.close()  # TensorBoard's writer, as the rendered run closes it
     return {
         "loop": "rendered",
         "steps": timed_steps,

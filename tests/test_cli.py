@@ -15,6 +15,7 @@ DEFAULT_FILES = {
     ".github/workflows/tests.yml",
     ".gitignore",
     "README.md",
+    "docs/loss_curve.png",
     "pyproject.toml",
     "configs/train.toml",
     "tests/conftest.py",
@@ -25,6 +26,7 @@ DEFAULT_FILES = {
     "tests/test_loop.py",
     "tests/test_model.py",
     "tests/test_optim.py",
+    "tests/test_reports.py",
     "tests/test_train.py",
 } | {
     f"src/demo/{name}.py"
@@ -38,12 +40,15 @@ DEFAULT_FILES = {
         "loader",
         "model",
         "optim",
+        "plot",
+        "profiling",
         "progress",
         "report",
         "resume",
         "runtime",
         "state_io",
         "task",
+        "trackers",
         "train",
     )
 }

@@ -57,7 +57,7 @@ def new_template(tmp_path_factory) -> Path:
     assert CONFIG_LINE in text
     config.write_text(text.replace(CONFIG_LINE, CONFIG_FIX))
     (template / "project" / "tests" / "test_optim.py.jinja").unlink()
-    (template / "project" / "docs").mkdir()
+    (template / "project" / "docs").mkdir(exist_ok=True)
     (template / "project" / "docs" / "CHANGES.md").write_text("# Changes\n\n- v0.2.0\n")
     with open(template / "copier.yml", "a") as copier_yml:
         copier_yml.write("\nlog_backend:\n  type: str\n  default: jsonl\n")

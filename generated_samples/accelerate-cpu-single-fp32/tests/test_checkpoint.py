@@ -23,7 +23,7 @@ from accelerate_cpu_single_fp32.runtime import init_runtime
 from accelerate_cpu_single_fp32.state_io import atomic_save
 from accelerate_cpu_single_fp32.train import Trainer
 
-from conftest import config_for_tests
+from conftest import config_for_tests, exported_weights
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_a_torn_trainer_state_falls_back_and_all_torn_is_refused(trained):
 def test_a_resume_loads_the_weights_back_exactly(trained):
     config, _, (_, second) = trained
     trainer = Trainer(config, init_runtime("cpu"), resume=True)
-    exported = torch.load(Path(config.run_dir) / "model.pt", weights_only=True)
+    exported = exported_weights(Path(config.run_dir))
     for name, value in trainer.engine.full_state_dict().items():
         assert torch.equal(value, exported[name]), name
     assert trainer.state.step == int(second.name.split("-")[1])
@@ -107,8 +107,8 @@ def test_atomic_save_keeps_the_previous_file_when_a_write_fails(tmp_path, monkey
     path = tmp_path / "weights.pt"
     atomic_save({"step": 1}, path)
 
-    def crash(obj, file):
-        file.write(b"partial")
+    def crash(obj, file: Path):
+        file.write_bytes(b"partial")
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", crash)

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from multinode_ddp_bf16.checkpoint import WEIGHTS_FILE
 from multinode_ddp_bf16.config import Config, load_config
+from multinode_ddp_bf16.plot import DPI, FIGURE_INCHES
 from multinode_ddp_bf16.runtime import Runtime, init_runtime
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -50,3 +57,35 @@ def run_training(*args: str) -> subprocess.CompletedProcess:
     result = subprocess.run(command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
+
+
+def exported_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    """The run's final weights, as `model.safetensors` holds them."""
+    return load_file(run_dir / WEIGHTS_FILE)
+
+
+def tensorboard_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar of the run's TensorBoard folder, by tag, as (step, value) in step order,
+    read by TensorBoard's own reader (which drops what a `purge_step` purged)."""
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    return {tag: [(event.step, event.value) for event in events.Scalars(tag)] for tag in tags}
+
+
+def assert_loss_curve_png(path: Path) -> None:
+    """`path` is a whole PNG of the plot's size: the signature, every chunk's CRC-32 and the
+    closing IEND chunk (PNG specification, ISO/IEC 15948), and the IHDR's width and height."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    offset, chunks = 8, {}
+    while offset < len(data):
+        (length,) = struct.unpack(">I", data[offset : offset + 4])
+        kind, body = data[offset + 4 : offset + 8], data[offset + 8 : offset + 8 + length]
+        (crc,) = struct.unpack(">I", data[offset + 8 + length : offset + 12 + length])
+        assert zlib.crc32(kind + body) == crc, f"chunk {kind!r} is damaged"
+        chunks.setdefault(kind, body)
+        offset += 12 + length
+    assert b"IEND" in chunks and b"IDAT" in chunks
+    width, height = struct.unpack(">II", chunks[b"IHDR"][:8])
+    assert (width, height) == tuple(round(inches * DPI) for inches in FIGURE_INCHES)

@@ -11,28 +11,33 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 
 
 def atomic_save(obj: Any, path: Path) -> None:
     """`torch.save` to a temporary sibling, fsync it, rename it over `path`, fsync the folder."""
-    _atomic_write(path, lambda file: torch.save(obj, file))
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
 def atomic_write_text(text: str, path: Path) -> None:
     """Replace `path` with `text` (UTF-8) the same way as `atomic_save`."""
-    _atomic_write(path, lambda file: file.write(text.encode()))
+    atomic_write(path, lambda tmp: tmp.write_bytes(text.encode()))
 
 
-def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
+def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
+    """Call `write(tmp)` to fill a temporary sibling of `path`, then fsync it and rename it over
+    `path` (the way `atomic_save` does) for writers that take a file name (safetensors,
+    matplotlib)."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        with open(tmp, "wb") as file:
-            write(file)
-            file.flush()
-            os.fsync(file.fileno())
+        write(tmp)
+        descriptor = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -11,17 +11,22 @@ Every file loads with `torch.load(path, weights_only=True)`: no pickled code run
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
+from safetensors.torch import save_file
+
 from .config import Config
 from .runtime import Runtime, barrier, gather_objects
-from .state_io import atomic_save, atomic_write_text, fsync_dir, load_trusted
+from .state_io import atomic_save, atomic_write, atomic_write_text, fsync_dir, load_trusted
 
 TRAINER_FILE = "trainer.pt"
+WEIGHTS_FILE = "model.safetensors"
 COMPLETE_MARKER = "COMPLETE"
 TRAINER_KEYS = ("components", "ranks", "config")
 
@@ -52,6 +57,19 @@ class Checkpoint:
     folder: Path
     state: dict[str, Any]
     fallback: bool
+
+
+def standalone(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` on the CPU in storage of its own: safetensors refuses views into a shared
+    buffer, and some wrappers keep every parameter in one flat buffer."""
+    tensor = tensor.detach().cpu().contiguous()
+    whole = tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+    return tensor if whole else tensor.clone()
+
+
+def _save_readable(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
+    save_file(tensors, path, metadata=metadata)
+    path.chmod(0o644)  # safetensors creates the file owner-only, unlike every other file here
 
 
 def step_folders(directory: Path) -> list[Path]:
@@ -154,13 +172,16 @@ class CheckpointManager:
             component.load_state_dict(mine[key])
 
     def export_weights(self) -> Path:
-        """Write the engine's full model state dict to `<run_dir>/model.pt` (a collective; the
-        main process writes): keys without wrapper prefixes, loads into the bare model with
-        `strict=True`. Returns the path."""
-        path = self.directory.parent / "model.pt"
+        """Write the engine's full model state dict to `<run_dir>/model.safetensors` (a
+        collective; the main process writes), with the resolved config as JSON in the file's
+        metadata (`"config"`). Keys carry no wrapper prefixes; `safetensors.torch.load_file`
+        gives a dict that loads into the bare model with `strict=True`. Returns the path."""
+        path = self.directory.parent / WEIGHTS_FILE
         state = self.engine.full_state_dict()
         if self.runtime.is_main:
-            atomic_save(state, path)
+            tensors = {key: standalone(tensor) for key, tensor in state.items()}
+            metadata = {"config": json.dumps(self.config.to_dict())}
+            atomic_write(path, lambda tmp: _save_readable(tensors, tmp, metadata))
         return path
 
     def _prune(self) -> None:

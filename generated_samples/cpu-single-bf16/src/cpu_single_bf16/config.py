@@ -20,6 +20,8 @@ class Config:
     Units: `epochs` are passes over the training split; `warmup_steps`, `checkpoint_every`,
     `log_every` and `stop_after_steps` count optimizer steps (one step = `grad_accum_steps`
     micro-batches of `micro_batch_size` samples); `lr` is the peak learning rate.
+    `tensorboard`, `logger`, `plot` and `profile_steps` choose what a run writes besides
+    metrics.jsonl and its checkpoints (see report.py).
 
     Raises:
         ValueError: a value outside its range; the message names the key.
@@ -40,6 +42,11 @@ class Config:
     keep_last: int = 3
     log_every: int = 10
     stop_after_steps: int = 0
+    tensorboard: bool = True
+    logger: str = "none"
+    wandb_project: str = "cpu-single-bf16"
+    plot: bool = True
+    profile_steps: str = ""
     # --- task: the example's data and schedule; yours to change with data.py and model.py ---
     run_dir: str = "runs/digits"
     val_fraction: float = 0.2
@@ -79,11 +86,34 @@ class Config:
             )
         if self.log_every < 1:
             raise ValueError(f"log_every must be >= 1, got {self.log_every!r}")
+        if self.logger not in LOGGERS:
+            raise ValueError(f"logger must be one of {', '.join(LOGGERS)}, got {self.logger!r}")
+        self.profile_window()
+
+    def profile_window(self) -> tuple[int, int] | None:
+        """`profile_steps` "START:STOP" as (START, STOP): optimizer steps START to STOP - 1 are
+        profiled, like a Python slice; None when it is empty.
+
+        Raises:
+            ValueError: not two whole numbers with 1 <= START < STOP.
+        """
+        if not self.profile_steps:
+            return None
+        match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", self.profile_steps)
+        if match is None or not 1 <= int(match.group(1)) < int(match.group(2)):
+            raise ValueError(
+                f"profile_steps must be START:STOP optimizer steps with 1 <= START < STOP "
+                f"(e.g. 10:15), or empty; got {self.profile_steps!r}"
+            )
+        return int(match.group(1)), int(match.group(2))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-type dict (saved in checkpoints and the run summary)."""
         return dataclasses.asdict(self)
 
+
+# Experiment trackers besides TensorBoard (`tensorboard`), which has a switch of its own.
+LOGGERS = ("none", "wandb")
 
 TYPE_NAMES = {int: "a whole number", float: "a number", bool: "true or false", str: "a string"}
 

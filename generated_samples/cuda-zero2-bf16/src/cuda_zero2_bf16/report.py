@@ -1,5 +1,6 @@
-"""What a run reports: the metrics log (JSON lines), the progress bar, and the run summary of
-the output contract (Markdown + JSON)."""
+"""What a run reports: the metrics log (JSON lines) and its trackers (TensorBoard, W&B), the
+progress bar, the profiler window, the loss-curve plot, and the run summary of the output
+contract (Markdown + JSON)."""
 
 from __future__ import annotations
 
@@ -18,15 +19,25 @@ from tqdm import tqdm
 
 from .config import Config
 from .engine import FRAMEWORK, PRECISION, STRATEGY
+from .plot import PLOT_FILE, write_plot
+from .profiling import ProfileWindow
 from .progress import TrainState
 from .runtime import Runtime, all_reduce_sum
+from .state_io import atomic_write_text
 from .task import EXPECTED_INITIAL_LOSS, describe_throughput, throughput
+from .trackers import Tracker, check_trackers, open_trackers, scalar_tags
 
 
 class RunLog:
-    """What a run reports: `metrics.jsonl` (train steps and validations, one JSON object per
-    line), the progress bar, the throughput counters and the run summary. Only the main process
-    writes and prints; every process counts and reduces alike."""
+    """What a run reports: `metrics.jsonl` (where each launch starts, train steps and
+    validations, one JSON object per line) and the same values to the trackers, the progress
+    bar, the throughput counters, the profiler window, the plot and the run summary. Only the
+    main process writes and prints; every process counts and reduces alike, and writes its own
+    profiler trace.
+
+    Raises:
+        ValueError: a tracker the config asks for is not installed (`check_trackers`).
+    """
 
     def __init__(self, config: Config, runtime: Runtime, parameters: int):
         self.config, self.runtime, self.parameters = config, runtime, parameters
@@ -34,23 +45,41 @@ class RunLog:
         self.stats = {"samples": 0, "train_seconds": 0.0, "data_seconds": 0.0}
         self.bar: tqdm | None = None
         self.epoch_start = 0.0
+        self.since_log = (0.0, 0)  # clock and sample count at the last train log line
+        check_trackers(config)
+        self.trackers: list[Tracker] = []
+        self.profile = ProfileWindow(config, runtime)
 
-    def start_run(self) -> None:
-        """Create the run folder and save the resolved config as config.json in it."""
+    def start_run(self, state: TrainState, resumed_from: str | None) -> None:
+        """Create the run folder and save the resolved config as config.json in it; drop what
+        an earlier launch logged after `state.step` (a killed run logs steps that its resume
+        trains again); record where this launch starts; open the trackers; open the profiler
+        window if it starts here. A run with nothing left to train records nothing."""
+        if state.finished(self.config):
+            return
         if self.runtime.is_main:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             config_json = json.dumps(self.config.to_dict(), indent=2)
             (self.path.parent / "config.json").write_text(config_json, encoding="utf-8")
+            keep_records_up_to(self.path, state.step)
+            self.write("start", step=state.step, resumed_from=resumed_from)
+            self.trackers = open_trackers(self.config, first_step=state.step + 1)
+        self.profile.at_step(state.step)
 
     def write(self, kind: str, **values: Any) -> None:
-        """Append `{"kind": kind, **values}` to metrics.jsonl (main process only)."""
+        """Append `{"kind": kind, **values}` to metrics.jsonl and its numbers to the trackers,
+        at `values["step"]` (main process only)."""
         if self.runtime.is_main:
             with open(self.path, "a", encoding="utf-8") as file:
                 file.write(json.dumps({"kind": kind, **values}) + "\n")
+            scalars = scalar_tags(kind, values)
+            for tracker in self.trackers if scalars else ():
+                tracker.log_scalars(scalars, values["step"])
 
     def start_epoch(self, state: TrainState, steps_per_epoch: int) -> None:
         """Open the epoch's progress bar at the step the epoch (re)starts from; start its clock."""
         self.epoch_start = time.perf_counter()
+        self.since_log = (self.epoch_start, self.stats["samples"])
         done = math.ceil(state.batch_in_epoch / self.config.grad_accum_steps)
         self.bar = tqdm(
             total=steps_per_epoch,
@@ -64,7 +93,9 @@ class RunLog:
         self, state: TrainState, micro_batches: int, loss: Tensor, grad_norm: Tensor, lr: float
     ) -> None:
         """Count one optimizer step of `micro_batches` micro-batches; every `log_every` steps
-        (and at step 1) sync its loss to the host, the loop's only `.item()`s, and log it.
+        (and at step 1) sync its loss to the host, the loop's only `.item()`s, and log it with
+        `lr` (the rate the step used), the pre-clip gradient norm and the throughput since the
+        previous log line (wall clock, validation excluded). Moves the profiler window on.
 
         Raises:
             FloatingPointError: the loss is inf or NaN (checked when logging: no extra sync).
@@ -72,6 +103,7 @@ class RunLog:
         samples_per_micro_batch = self.config.micro_batch_size * self.runtime.world_size
         self.stats["samples"] += micro_batches * samples_per_micro_batch
         self.bar.update()
+        self.profile.at_step(state.step)
         if state.step != 1 and state.step % self.config.log_every:
             return
         world = self.runtime.world_size  # every rank logs the same steps: a safe collective
@@ -82,8 +114,23 @@ class RunLog:
             )
         if state.step == 1:
             state.initial_loss = loss_value
-        self.write("train", step=state.step, loss=loss_value, lr=lr, grad_norm=grad_norm.item())
+        values = {"loss": loss_value, "lr": lr, "grad_norm": grad_norm.item()}
+        self.write("train", step=state.step, **values, **self._recent_throughput())
         self.bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}")
+
+    def _recent_throughput(self) -> dict[str, float]:
+        """The task's rates (`task.throughput`: samples/s and the task's own) since the last
+        train log line, or since the epoch began."""
+        (clock, samples), now = self.since_log, time.perf_counter()
+        self.since_log = (now, self.stats["samples"])
+        window = {
+            "samples": self.stats["samples"] - samples,
+            "train_seconds": now - clock,
+            "config": self.config.to_dict(),
+            "parameters": self.parameters,
+            "device": str(self.runtime.device),
+        }
+        return {key: rate for key, rate in throughput(window).items() if rate is not None}
 
     def end_epoch(self, data_seconds: float) -> None:
         """Close the bar; add the epoch's training time and `data_seconds` waited on the loader."""
@@ -92,16 +139,22 @@ class RunLog:
         self.stats["data_seconds"] += data_seconds
 
     def summary(
-        self, state: TrainState, checkpoint_dir: Path, resumed_from: str | None
+        self, state: TrainState, checkpoint_dir: Path, resumed_from: str | None, weights: Path
     ) -> dict[str, Any]:
-        """Build the run summary; the main process prints it and writes summary.json / .md.
+        """Close the profiler window and the trackers, draw the plot, build the run summary
+        (with the paths of `weights` and of what this run wrote); the main process prints it
+        and writes summary.json / .md.
 
         A resumed run with nothing left to train keeps the summary its last training wrote.
         """
+        trace = self.profile.close()
+        self.close()
         written = Path(self.config.run_dir) / "summary.json"
         if self.stats["samples"] == 0 and written.is_file():
             self.runtime.notice(f"nothing left to train at step {state.step}; see {written}")
             return json.loads(written.read_text(encoding="utf-8"))
+        files = {"weights": str(weights), "profile_trace": str(trace) if trace else None}
+        files |= self._write_plot_and_name_files()
         summary = build_summary(
             config=self.config,
             state=state,
@@ -111,10 +164,41 @@ class RunLog:
             checkpoint_dir=checkpoint_dir,
             early_stopped=state.early_stopped(self.config.early_stop_patience),
             resumed_from=resumed_from,
+            files=files,
         )
         if self.runtime.is_main:
             print(write_summary(Path(self.config.run_dir), summary), end="")
         return summary
+
+    def _write_plot_and_name_files(self) -> dict[str, str | None]:
+        run_dir = Path(self.config.run_dir)
+        plot = run_dir / PLOT_FILE if self.config.plot else None
+        if plot is not None and self.runtime.is_main:
+            write_plot([run_dir], plot)
+        tensorboard = run_dir / "tensorboard" if self.config.tensorboard else None
+        wandb = run_dir / "wandb" if self.config.logger == "wandb" else None
+        return {
+            key: str(path) if path else None
+            for key, path in {"plot": plot, "tensorboard": tensorboard, "wandb": wandb}.items()
+        }
+
+    def close(self) -> None:
+        """Flush and close the trackers (idempotent; also on a failed run's way out)."""
+        for tracker in self.trackers:
+            tracker.close()
+        self.trackers = []
+
+
+def keep_records_up_to(path: Path, step: int) -> None:
+    """Rewrite metrics.jsonl at `path` without the records logged after optimizer step `step`
+    (atomically; untouched when there are none). TensorBoard's `purge_step` does the same for
+    its event files."""
+    if not path.is_file():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = [line for line in lines if json.loads(line)["step"] <= step]
+    if len(kept) != len(lines):
+        atomic_write_text("".join(kept), path)
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -146,9 +230,11 @@ def build_summary(
     checkpoint_dir: Path,
     early_stopped: bool,
     resumed_from: str | None,
+    files: dict[str, str | None],
 ) -> dict[str, Any]:
     """The run summary as plain values, for summary.json: run, global batch, LR schedule,
-    steps and epochs, the initial-loss sanity check, results and throughput.
+    steps and epochs, the initial-loss sanity check, results, throughput, and the `files` the
+    run wrote besides its checkpoints (weights, plot, TensorBoard folder...; None: off).
 
     `stats` holds `samples` (all processes), `train_seconds` (training only, no validation) and
     `data_seconds` (waiting on the loader); rates are per second of training time.
@@ -183,6 +269,7 @@ def build_summary(
         "data_time_share": stats["data_seconds"] / max(stats["train_seconds"], 1e-9),
         "train_seconds": stats["train_seconds"],
         "peak_memory_bytes": peak_memory_bytes(runtime.device),
+        "files": files,
         "config": config.to_dict(),
     }
     return summary | throughput(summary)
@@ -207,8 +294,14 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{summary['data_time_share']:.1%} | peak memory "
         f"{summary['peak_memory_bytes'] / 2**20:,.0f} MiB | "
         f"train time {summary['train_seconds']:.1f} s",
+        _files(summary["files"]),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _files(files: dict[str, str | None]) -> str:
+    named = ", ".join(f"{kind.replace('_', ' ')} {path}" for kind, path in files.items() if path)
+    return f"**Files:** {named}"
 
 
 def _results(summary: dict[str, Any]) -> str:

@@ -34,13 +34,13 @@ from .task import eval_sums, loss_fn
 def train_step(
     engine: Engine, scheduler: LRScheduler, micro_batches: Iterable, count: int, max_norm: float
 ) -> tuple[Tensor, Tensor]:
-    """One optimizer step over `count` micro-batches, each loss divided by `count` (gradient
-    accumulation: the gradient of one batch of all their samples). Returns (mean loss, pre-clip
-    gradient norm), 0-dim tensors left on the device: `.item()` only when logging."""
+    """One optimizer step over the next `count` micro-batches, each loss divided by `count`
+    (gradient accumulation: the gradient of one batch of all their samples). Returns (mean
+    loss, pre-clip gradient norm), 0-dim tensors left on the device: `.item()` when logging."""
     device = engine.runtime.device
     engine.zero_grad()
     total_loss = torch.zeros((), device=device)
-    for index, (inputs, targets) in enumerate(micro_batches):
+    for index, (inputs, targets) in enumerate(itertools.islice(micro_batches, count)):
         inputs = inputs.to(device, non_blocking=True)
         targets = targets.to(device, non_blocking=True)
         with engine.micro_step(last=index == count - 1):
@@ -93,7 +93,7 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train until `epochs`, early stopping or `stop_after_steps`; return the run summary."""
         config, state = self.config, self.state
-        self.log.start_run()
+        self.log.start_run(state, self.resumed_from)
         while not state.finished(config):  # a resumed run that had ended stays ended
             if not self.train_epoch():
                 break  # stopped mid-epoch by stop_after_steps; the checkpoint is written
@@ -103,26 +103,26 @@ class Trainer:
             state.end_epoch()
             self.position.end_epoch()
             self.checkpoints.save(state.step, is_best=improved)
-        self.checkpoints.export_weights()  # the final weights as one full state dict
-        return self.log.summary(state, self.checkpoints.directory, self.resumed_from)
+        weights = self.checkpoints.export_weights()  # the final weights, one full state dict
+        return self.log.summary(state, self.checkpoints.directory, self.resumed_from, weights)
 
     def train_epoch(self) -> bool:
         """Run the rest of the current epoch; False when `stop_after_steps` stopped it early."""
         config, state, batches = self.config, self.state, len(self.train_loader)
-        iterator = TimedIterator(self.position.begin_epoch(state.epoch, state.batch_in_epoch))
+        data = TimedIterator(self.position.begin_epoch(state.epoch, state.batch_in_epoch))
         self.log.start_epoch(state, self.steps_per_epoch)
         while state.batch_in_epoch < batches:
             count = min(config.grad_accum_steps, batches - state.batch_in_epoch)
-            batch = itertools.islice(iterator, count)
-            loss, norm = train_step(self.engine, self.scheduler, batch, count, config.max_grad_norm)
+            lr = self.scheduler.get_last_lr()[0]  # the rate this step runs at
+            loss, norm = train_step(self.engine, self.scheduler, data, count, config.max_grad_norm)
             state.advance(count)
-            self.log.step(state, count, loss, norm, self.scheduler.get_last_lr()[0])
+            self.log.step(state, count, loss, norm, lr)
             stop = state.step == config.stop_after_steps
             if state.batch_in_epoch < batches and (stop or self.checkpoints.due(state.step)):
                 self.checkpoints.save(state.step, is_best=False)  # epoch ends save after validation
             if stop:
                 break
-        self.log.end_epoch(iterator.seconds)
+        self.log.end_epoch(data.seconds)
         return state.batch_in_epoch == batches
 
 
@@ -141,6 +141,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         return trainer.fit()
     finally:
+        trainer.log.close()  # what the trackers hold reaches disk on every way out
         del trainer  # free the wrapper's communication hooks before the process group goes
         shutdown_runtime(runtime)
 
