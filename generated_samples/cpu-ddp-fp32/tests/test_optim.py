@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
 from cpu_ddp_fp32.model import build_model
-from cpu_ddp_fp32.optim import build_optimizer, build_scheduler
+from cpu_ddp_fp32.optim import WarmupCosine, build_optimizer, build_scheduler
 from cpu_ddp_fp32.runtime import init_runtime
 from cpu_ddp_fp32.train import Trainer
 
@@ -61,9 +63,18 @@ def test_warmup_then_cosine(config):
 
 
 def test_scheduler_steps_once_per_optimizer_step(config):
-    config = dataclasses.replace(config, epochs=1, grad_accum_steps=3, checkpoint_every=0)
+    config = dataclasses.replace(
+        config, epochs=1, grad_accum_steps=3, checkpoint_every=0, log_every=1
+    )
     trainer = Trainer(config, init_runtime("cpu"))
     trainer.fit()
     micro_batches = len(trainer.train_loader)
     assert trainer.state.step == -(-micro_batches // 3)
     assert trainer.scheduler.last_epoch == trainer.state.step
+    # The LR logged with step s is the one step s ran at: factor(s - 1), s counting from 1.
+    factor = WarmupCosine(config.warmup_steps, trainer.steps_per_epoch, config.min_lr_ratio)
+    lines = (Path(config.run_dir) / "metrics.jsonl").read_text().splitlines()
+    logged = [record for record in map(json.loads, lines) if record["kind"] == "train"]
+    assert [r["step"] for r in logged] == list(range(1, trainer.state.step + 1))
+    for record in logged:
+        assert record["lr"] == pytest.approx(config.lr * factor(record["step"] - 1)), record

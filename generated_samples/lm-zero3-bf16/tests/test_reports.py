@@ -35,7 +35,7 @@ def test_tensorboard_shows_each_step_once_after_a_resume_from_an_earlier_step(co
     assert tensorboard_scalars(tmp_path)["train/loss"] == expected
 
 
-def test_metrics_after_the_resumed_step_are_dropped(tmp_path):
+def test_metrics_after_the_resumed_step_and_a_torn_last_line_are_dropped(tmp_path):
     path = tmp_path / "metrics.jsonl"
     logged = [{"kind": "start", "step": 0}]
     logged += [{"kind": "train", "step": step, "loss": 1.0 / step} for step in range(1, 8)]
@@ -45,6 +45,10 @@ def test_metrics_after_the_resumed_step_are_dropped(tmp_path):
     kept = [json.loads(line) for line in path.read_text().splitlines()]
     assert kept == [record for record in logged if record["step"] <= 5]
     assert kept[-1]["kind"] == "val"
+    with open(path, "a") as file:  # a process killed while it appended
+        file.write('{"kind": "train", "st')
+    keep_records_up_to(path, 5)
+    assert [json.loads(line) for line in path.read_text().splitlines()] == kept
 
 
 def test_wandb_runs_offline_and_records_the_config_and_the_scalars(config, monkeypatch):

@@ -22,18 +22,32 @@ PLOT_FILE = "loss_curve.png"
 FIGURE_INCHES, DPI = (10.0, 4.0), 100  # 1000 x 400 px
 
 
-def read_metrics(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
-    """The records of `<run_dir>/metrics.jsonl` by kind ("train", "val", "start"), in file order.
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl, in file order. A line that does not parse is skipped: a
+    process killed while appending leaves its last line torn.
 
     Raises:
         ValueError: the file is missing (not a run folder).
     """
-    path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise ValueError(f"{path} not found; pass the run_dir of a run that has started")
-    by_kind: dict[str, list[dict[str, Any]]] = {"train": [], "val": [], "start": []}
+    records = []
     for line in path.read_text(encoding="utf-8").splitlines():
-        record = json.loads(line)
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def read_metrics(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
+    """The records of `<run_dir>/metrics.jsonl` by kind ("train", "val", "start"), in file order.
+
+    Raises:
+        ValueError: see `read_records`.
+    """
+    by_kind: dict[str, list[dict[str, Any]]] = {"train": [], "val": [], "start": []}
+    for record in read_records(run_dir / "metrics.jsonl"):
         by_kind.setdefault(record["kind"], []).append(record)
     return by_kind
 

@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from .config import Config
 from .engine import FRAMEWORK, PRECISION, STRATEGY
-from .plot import PLOT_FILE, write_plot
+from .plot import PLOT_FILE, read_records, write_plot
 from .profiling import ProfileWindow
 from .progress import TrainState
 from .runtime import Runtime, all_reduce_sum
@@ -191,14 +191,14 @@ class RunLog:
 
 def keep_records_up_to(path: Path, step: int) -> None:
     """Rewrite metrics.jsonl at `path` without the records logged after optimizer step `step`
-    (atomically; untouched when there are none). TensorBoard's `purge_step` does the same for
-    its event files."""
+    and without a torn last line (atomically; untouched when there is nothing to drop).
+    TensorBoard's `purge_step` does the same for its event files."""
     if not path.is_file():
         return
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    kept = [line for line in lines if json.loads(line)["step"] <= step]
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = [record for record in read_records(path) if record["step"] <= step]
     if len(kept) != len(lines):
-        atomic_write_text("".join(kept), path)
+        atomic_write_text("".join(json.dumps(record) + "\n" for record in kept), path)
 
 
 def peak_memory_bytes(device: torch.device) -> int:
