@@ -95,7 +95,7 @@ def draw(run_dirs: list[Path]) -> bytes:
 
 
 def _draw_run(run_dir: Path, losses: Any, others: Any, color: str, name: str) -> None:
-    records, best = read_metrics(run_dir), best_step(run_dir)
+    records, best, monitor = read_metrics(run_dir), best_step(run_dir), monitored_metric(run_dir)
     train, val = records["train"], records["val"]
     train_loss = [r["loss"] for r in train]
     losses.plot([r["step"] for r in train], train_loss, color=color, alpha=0.6)
@@ -105,7 +105,7 @@ def _draw_run(run_dir: Path, losses: Any, others: Any, color: str, name: str) ->
         axes = losses if metric == "val_loss" else others
         values = [r[metric] for r in val]
         axes.plot(val_steps, values, "o-", color=color, label=f"{name}{metric}")
-        if metric == monitored_metric(run_dir) and best in val_steps:
+        if metric == monitor and best in val_steps:
             best_value = values[val_steps.index(best)]
             axes.plot(best, best_value, "*", color="gold", markeredgecolor="black", markersize=16)
             axes.lines[-1].set_label(f"{name}best checkpoint")
