@@ -47,7 +47,7 @@ QUESTIONS: tuple[Question, ...] = (
         ("image-classification", "language-model"),
         ("image-classification", "language-model"),
     ),
-    Question("hardware", "Hardware", str, "cpu", ("cpu", "cuda", "mps"), ("cpu", "cuda")),
+    Question("hardware", "Hardware", str, "cpu", ("cpu", "cuda", "mps"), ("cpu", "cuda", "mps")),
     Question(
         "gpu_arch",
         "GPU architecture",
@@ -59,7 +59,8 @@ QUESTIONS: tuple[Question, ...] = (
     ),
     Question("gpus_per_node", "GPUs per node", int, 1, only_for_cuda=True),
     Question("num_nodes", "Number of nodes", int, 1, only_for_cuda=True),
-    Question("gpu_memory_gb", "Memory per GPU (GB)", float, 0.0, only_for_cuda=True),
+    Question("gpu_memory_gb", "Memory per GPU (GiB)", float, 0.0, only_for_cuda=True),
+    Question("host_memory_gb", "Host memory per node (GiB)", float, 0.0),
     Question("model_size", "Model size in parameters (e.g. 100K, 10M)", str, "100K"),
     Question(
         "framework",
@@ -70,19 +71,19 @@ QUESTIONS: tuple[Question, ...] = (
         ("pytorch", "fabric", "accelerate"),
     ),
     Question(
-        "strategy",
-        "Parallelism strategy",
-        str,
-        "auto",
-        ("auto", "single", "ddp", "fsdp2", "zero1", "zero2", "zero3", "zero3-offload"),
-    ),
-    Question(
         "precision",
         "Precision",
         str,
         "auto",
         ("auto", "fp32", "bf16", "fp16"),
         ("auto", "fp32", "bf16", "fp16"),
+    ),
+    Question(
+        "strategy",
+        "Parallelism strategy",
+        str,
+        "auto",
+        ("auto", "single", "ddp", "fsdp2", "zero1", "zero2", "zero3", "zero3-offload"),
     ),
     Question("compile", "torch.compile the model", bool, False),
 )
@@ -91,10 +92,15 @@ QUESTION_BY_KEY = {question.key: question for question in QUESTIONS}
 # What each framework renders, by answer key. Every variant is tested by running it on CPU,
 # and these framework paths refuse CPUs or fall back there without a word: Fabric's
 # DeepSpeedStrategy refuses CPUs; on a CPU, Accelerate ignores its FSDP plugin (plain DDP
-# instead), DeepSpeed (with cpu=True) and fp16 (it trains in fp32).
+# instead), DeepSpeed (with cpu=True) and fp16 (it trains in fp32). Their MPS accelerators are
+# code of their own that no CPU runs.
 FRAMEWORK_RENDERS: dict[str, dict[str, tuple[str, ...]]] = {
-    "fabric": {"strategy": ("single", "ddp", "fsdp2")},
-    "accelerate": {"strategy": ("single", "ddp"), "precision": ("fp32", "bf16")},
+    "fabric": {"hardware": ("cpu", "cuda"), "strategy": ("single", "ddp", "fsdp2")},
+    "accelerate": {
+        "hardware": ("cpu", "cuda"),
+        "strategy": ("single", "ddp"),
+        "precision": ("fp32", "bf16"),
+    },
 }
 
 
@@ -124,7 +130,10 @@ MODEL_SIZE_SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9}
 
 @dataclass(frozen=True)
 class Answers:
-    """The validated answers; `precision` and `strategy` may still be `auto` until planned."""
+    """The validated answers; `precision` and `strategy` may still be `auto` until planned.
+
+    Memory sizes are GiB (2^30 bytes, as nvidia-smi's MiB / 1024); 0 means not given.
+    """
 
     project_name: str
     package_name: str
@@ -134,6 +143,7 @@ class Answers:
     gpus_per_node: int
     num_nodes: int
     gpu_memory_gb: float
+    host_memory_gb: float
     model_size: str
     framework: str
     strategy: str

@@ -1,5 +1,6 @@
-"""The command line: `scaffold new`, `scaffold variants`, `scaffold samples`. Thin: it parses,
-calls, prints, and turns every ScaffoldError into one line on stderr and exit code 2."""
+"""The command line: `scaffold new`, `scaffold plan`, `scaffold update`, `scaffold variants`,
+`scaffold samples`. Thin: it parses, calls, prints, and turns every ScaffoldError into one line
+on stderr and exit code 2."""
 
 from __future__ import annotations
 
@@ -7,11 +8,15 @@ import argparse
 import sys
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from scaffold import __version__
 from scaffold.answers import Answers, build_answers, merge_sources, parse_data_pairs
 from scaffold.errors import AnswerError, ScaffoldError
 from scaffold.variants import VARIANTS
+
+if TYPE_CHECKING:
+    from scaffold.planner import Plan
 
 EXIT_CONFLICTS = 1
 EXIT_USAGE = 2
@@ -34,20 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="folder to create (its name is the default project name)",
     )
-    new.add_argument("--defaults", action="store_true", help="take every default; ask nothing")
-    new.add_argument(
-        "--data",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="answer one question (repeatable)",
-    )
-    new.add_argument(
-        "--variant",
-        choices=sorted(VARIANTS),
-        help="start from a named variant's answers",
-    )
+    _add_answer_options(new)
     new.add_argument("--force", action="store_true", help="allow a non-empty DEST")
+
+    planner = commands.add_parser(
+        "plan", help="print the plan for a set of answers (strategy, batch, memory) and exit"
+    )
+    _add_answer_options(planner)
 
     update = commands.add_parser(
         "update", help="merge this scaffold's template fixes into an existing project"
@@ -77,6 +75,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_answer_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--defaults", action="store_true", help="take every default; ask nothing")
+    command.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="answer one question (repeatable)",
+    )
+    command.add_argument(
+        "--variant",
+        choices=sorted(VARIANTS),
+        help="start from a named variant's answers",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
     args = build_parser().parse_args(argv)
@@ -99,16 +113,19 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
-def cmd_new(args: argparse.Namespace) -> int:
-    """`scaffold new`: collect answers (flags, variant, prompts, probe), plan, render."""
-    from scaffold.hardware import probe
-    from scaffold.planner import plan
-    from scaffold.render import check_destination, render_project
+def collect_answers(args: argparse.Namespace, project_name: str) -> Answers:
+    """The answers of `new` and `plan`, first source wins: `--data`, the `--variant`, the
+    prompts (with a terminal, unless `--defaults` or `--variant`), the project name, the
+    hardware probe, then the static defaults.
 
-    check_destination(args.dest, args.force)
+    Raises:
+        AnswerError: prompts are needed but there is no terminal, or an answer is invalid.
+    """
+    from scaffold.hardware import probe
+
     data = parse_data_pairs(args.data)
     variant = VARIANTS[args.variant] if args.variant else {}
-    preset = merge_sources(data, variant, {"project_name": args.dest.resolve().name})
+    named = {"project_name": project_name}
     interactive = not args.defaults and not args.variant
     if interactive and not sys.stdin.isatty():
         raise AnswerError("no terminal to ask questions on; pass --defaults (and --data KEY=VALUE)")
@@ -117,21 +134,40 @@ def cmd_new(args: argparse.Namespace) -> int:
     if interactive:
         from scaffold.questionnaire import ask
 
-        prompted = ask({**variant, **data}, merge_sources(preset, detected))
-    answers = build_answers(merge_sources(data, variant, prompted, preset, detected))
-    result = plan(answers)
-    render_project(result.answers, args.dest, force=args.force)
-    _print_next_steps(result.answers, args.dest, result.reasons, result.warnings)
+        answered = {**variant, **data} | ({} if args.command == "new" else named)
+        prompted = ask(answered, merge_sources(named, detected))
+    return build_answers(merge_sources(data, variant, prompted, named, detected))
+
+
+def cmd_new(args: argparse.Namespace) -> int:
+    """`scaffold new`: collect answers (flags, variant, prompts, probe), plan, render."""
+    from scaffold.planner import plan
+    from scaffold.render import check_destination, render_project
+
+    check_destination(args.dest, args.force)
+    result = plan(collect_answers(args, args.dest.resolve().name))
+    render_project(result.copier_data(), args.dest, force=args.force)
+    _print_plan(result)
+    _print_next_steps(result.answers, args.dest)
     return 0
 
 
-def _print_next_steps(
-    answers: Answers, dest: Path, reasons: tuple[str, ...], cautions: tuple[str, ...]
-) -> None:
-    for line in reasons:
-        print(f"  {line}")
-    for line in cautions:
+def cmd_plan(args: argparse.Namespace) -> int:
+    """`scaffold plan`: the plan of `new` for the same answers, printed; nothing is written."""
+    from scaffold.planner import plan
+
+    _print_plan(plan(collect_answers(args, "project")))
+    return 0
+
+
+def _print_plan(result: Plan) -> None:
+    for line in result.describe():
+        print(line)
+    for line in result.warnings:
         print(f"  warning: {line}", file=sys.stderr)
+
+
+def _print_next_steps(answers: Answers, dest: Path) -> None:
     print(f"Rendered {answers.project_name} into {dest}. Next:")
     if not (dest / ".git").is_dir():
         print(f"  (not committed: {dest} was not empty; review the files with git or diff)")
@@ -200,6 +236,7 @@ def cmd_samples(args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "new": cmd_new,
+    "plan": cmd_plan,
     "update": cmd_update,
     "variants": cmd_variants,
     "samples": cmd_samples,

@@ -1,5 +1,6 @@
 """Probe the machine for defaults: GPUs (via nvidia-smi, so torch need not be installed), MPS,
-CPU cores and launcher environment. Never prompts and never fails: unknown means CPU."""
+CPU cores, host memory and launcher environment. Never prompts and never fails: unknown means
+CPU, and a memory size that cannot be read is 0."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import platform
 import shutil
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
 class Hardware:
-    """What the probe saw. `gpu_memory_gb` is per GPU (GiB); `compute_capability` e.g. (8, 0)."""
+    """What the probe saw. `gpu_memory_gb` is per GPU and `host_memory_gb` this machine's (both
+    GiB); `compute_capability` e.g. (8, 0); `nodes` the nodes of a SLURM allocation, else 1."""
 
     kind: str  # "cuda", "mps" or "cpu"
     gpu_count: int = 0
@@ -21,6 +24,8 @@ class Hardware:
     gpu_memory_gb: float = 0.0
     cpu_cores: int = 1
     launcher: str = ""  # "slurm", "torchrun" or ""
+    host_memory_gb: float = 0.0
+    nodes: int = 1
 
     @property
     def gpu_arch(self) -> str:
@@ -35,15 +40,19 @@ class Hardware:
         return "volta-turing" if major == 7 else "none"
 
     def answer_defaults(self) -> dict[str, object]:
-        """Defaults for the questionnaire's hardware questions."""
-        if self.kind != "cuda":
-            return {"hardware": self.kind}
-        return {
-            "hardware": "cuda",
-            "gpu_arch": self.gpu_arch,
-            "gpus_per_node": max(1, self.gpu_count),
-            "gpu_memory_gb": round(self.gpu_memory_gb, 1),
-        }
+        """Defaults for the questionnaire's hardware questions (memory sizes the probe could
+        not read are left out)."""
+        defaults: dict[str, object] = {"hardware": self.kind}
+        if self.host_memory_gb:
+            defaults["host_memory_gb"] = round(self.host_memory_gb, 1)
+        if self.kind == "cuda":
+            defaults |= {
+                "gpu_arch": self.gpu_arch,
+                "gpus_per_node": max(1, self.gpu_count),
+                "num_nodes": self.nodes,
+                "gpu_memory_gb": round(self.gpu_memory_gb, 1),
+            }
+        return defaults
 
 
 def probe() -> Hardware:
@@ -51,13 +60,32 @@ def probe() -> Hardware:
     cores = os.cpu_count() or 1
     launcher = "slurm" if "SLURM_JOB_ID" in os.environ else ""
     launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in os.environ else launcher
+    host = dict(cpu_cores=cores, launcher=launcher, host_memory_gb=_host_memory_gib())
     gpus = _nvidia_smi()
     if gpus:
         name, memory_mib, capability = gpus[0]
-        return Hardware("cuda", len(gpus), name, capability, memory_mib / 1024, cores, launcher)
+        nodes = os.environ.get("SLURM_JOB_NUM_NODES", os.environ.get("SLURM_NNODES", "1"))
+        nodes_count = int(nodes) if nodes.isdigit() and int(nodes) > 0 else 1
+        return Hardware(
+            "cuda", len(gpus), name, capability, memory_mib / 1024, **host, nodes=nodes_count
+        )
     if platform.system() == "Darwin" and platform.machine() == "arm64":
-        return Hardware("mps", cpu_cores=cores, launcher=launcher)
-    return Hardware("cpu", cpu_cores=cores, launcher=launcher)
+        return Hardware("mps", **host)
+    return Hardware("cpu", **host)
+
+
+def _host_memory_gib() -> float:
+    """Physical memory in GiB, or a container's cgroup limit if lower; 0.0 if unreadable."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return 0.0
+    try:  # cgroup v2: "max" or a byte count
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        total = min(total, int(limit)) if limit.isdigit() else total
+    except OSError:
+        pass
+    return total / 2**30
 
 
 def _nvidia_smi() -> list[tuple[str, float, tuple[int, int]]]:

@@ -1,15 +1,22 @@
-"""Resolve `auto` answers and refuse impossible combinations, each decision with its reason.
+"""Plan a run from the answers: refuse what cannot work, resolve `auto`, and choose the training
+settings the memory model says fit, each decision with its reason.
 
-Rules (seeds 000 §3, §5; 002 §4): bf16 on Ampere or newer and on request on CPU, no GradScaler;
-fp16 + GradScaler on Volta/Turing; fp32 on CPU by default (bf16 autocast measured 21-25% slower
-than fp32 on a 2-core CPU) and on MPS. Fits on one device -> single (or DDP with more GPUs);
-does not fit -> FSDP2; does not fit even sharded over every GPU -> ZeRO-3 with CPU offload.
+Rules (seeds 000 §3, §5; 002 §4, §6): bf16 on Ampere or newer and on request on CPU, no
+GradScaler; fp16 + GradScaler on Volta/Turing; fp32 on CPU by default (bf16 autocast measured
+21-25% slower than fp32 on a 2-core CPU) and on MPS. The strategy is the first of single (or
+DDP with several GPUs) -> FSDP2 -> ZeRO-3 with CPU offload whose estimate (`scaffold.memory`)
+fits the usable share of device memory, with activation checkpointing only where nothing fits
+without it; the micro-batch is the largest that fits, and gradient accumulation makes up the
+batch of the model's recipe (`recipe_for`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from scaffold.answers import (
     FRAMEWORK_RENDERS,
@@ -17,40 +24,166 @@ from scaffold.answers import (
     Answers,
     coerce,
     framework_renders,
+    parse_model_size,
 )
 from scaffold.errors import AnswerError, NotAvailableYet
+from scaffold.memory import GIB, Estimate, estimate, gib
+from scaffold.shapes import ModelShape, cnn_for, decoder_for
 
-# Training memory per parameter with AdamW and fp32 master weights: 4 (weights) + 4 (grads)
-# + 8 (two moments) bytes; activations come on top (ZeRO paper, Rajbhandari et al. 2020, §3).
-BYTES_PER_PARAM = 16
-USABLE_GPU_FRACTION = 0.6  # room left for activations, the CUDA context and fragmentation
+# Share of device memory a plan may fill: the seeds' "raise batch size until memory is ~85-90%
+# used" (002 §6), the rest left to the CUDA context, the allocator's fragmentation and NCCL.
+# On MPS, Metal's recommended working set is about 3/4 of unified memory
+# (torch.mps.recommended_max_memory).
+USABLE_FRACTION = {"cuda": 0.85, "cpu": 0.85, "mps": 0.75}
 MAX_IMAGE_MODEL_PARAMS = 50_000_000  # the digits CNN beyond this only burns time
 SHARDED_STRATEGIES = ("fsdp2", "zero1", "zero2", "zero3", "zero3-offload")
+MODEL_STATE_BYTES = 16  # per parameter with AdamW: fp32 weights, gradients, two moments
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a model of some size is trained: the batch per optimizer step (`sequences` samples,
+    per process or for the whole run), the peak learning rate and warmup, and for the language
+    model its context and corpus. `name` and `citation` say where the values come from."""
+
+    name: str
+    citation: str
+    sequences: int
+    per_process: bool
+    lr: float
+    warmup_steps: int
+    block_size: int = 0
+    corpus_bytes: int = 0
+
+    @property
+    def batch(self) -> str:
+        """The recipe's batch in words, e.g. "GPT-3 6.7B's 2M tokens (Brown et al...)"."""
+        if self.per_process:
+            return f"{self.name}'s {self.sequences} per process"
+        tokens = self.sequences * self.block_size / 2**20
+        return f"{self.name}'s {tokens:g}M tokens ({self.citation})"
+
+
+# The examples' own settings, tuned on their data at 100K-1M parameters.
+DIGITS_RECIPE = Recipe("the example", "tuned for the digits CNN", 64, True, 2e-3, 40)
+SMALL_LM_RECIPE = Recipe(
+    "the example",
+    "tuned for a 100K-1M decoder on the stdlib corpus",
+    32,
+    True,
+    2e-3,
+    50,
+    block_size=64,
+    corpus_bytes=300_000,
+)
+# GPT-3's models (Brown et al. 2020, "Language Models are Few-Shot Learners", Table 2.1):
+# parameters, name, batch in sequences of 2048 tokens (0.5M tokens = 256 x 2048), peak LR.
+GPT3_ROWS = (
+    (125e6, "Small", 256, 6.0e-4),
+    (350e6, "Medium", 256, 3.0e-4),
+    (760e6, "Large", 256, 2.5e-4),
+    (1.3e9, "XL", 512, 2.0e-4),
+    (2.7e9, "2.7B", 512, 1.6e-4),
+    (6.7e9, "6.7B", 1024, 1.2e-4),
+    (13e9, "13B", 1024, 1.0e-4),
+    (175e9, "175B", 1536, 0.6e-4),
+)
+GPT3_CITATION = "Brown et al. 2020, Table 2.1"
+GPT3_CONTEXT = 2048
+GPT3_WARMUP_TOKENS = 375e6  # linear warmup over the first 375M tokens (Appendix B)
+STDLIB_CORPUS_BYTES = 32_000_000  # all of the standard library's .py source (~31 MB)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One value the plan writes into configs/train.toml, and where it came from."""
+
+    value: int | float | bool
+    source: str
+
+    def as_toml(self) -> str:
+        """The value as a TOML literal (`2e-3`, `true`, `300_000`)."""
+        if isinstance(self.value, bool):
+            return "true" if self.value else "false"
+        if isinstance(self.value, float):
+            mantissa, exponent = f"{self.value:.1e}".split("e")
+            return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+        return f"{self.value:_}" if self.value >= 100_000 else str(self.value)
+
+    def as_python(self) -> str:
+        """The value as a Python literal (for config.py's defaults)."""
+        return str(self.value) if isinstance(self.value, bool) else self.as_toml()
 
 
 @dataclass(frozen=True)
 class Plan:
-    """Resolved answers and one line per decision or warning."""
+    """The resolved answers, the training settings, the model's shape and the memory estimate
+    of the chosen run, and one line per decision or warning.
+
+    `usable` is the bytes of one device a plan may fill (0: the memory was not given).
+    """
 
     answers: Answers
+    settings: dict[str, Setting]
+    shape: ModelShape
+    estimate: Estimate
+    usable: int
     reasons: tuple[str, ...]
     warnings: tuple[str, ...]
 
+    def copier_data(self) -> dict[str, Any]:
+        """The template's data: the answers, and `plan` with each setting's TOML and Python
+        literals and its source."""
+        settings = {
+            key: {"toml": s.as_toml(), "python": s.as_python(), "source": s.source}
+            for key, s in self.settings.items()
+        }
+        return self.answers.to_copier_data() | {"plan": settings}
+
+    def describe(self) -> list[str]:
+        """The plan as `scaffold plan` prints it: the model as rendered, each decision with its
+        reason, and the estimated bytes per device by component."""
+        a, settings = self.answers, self.settings
+        processes = f"{a.world_size} processes" if a.world_size > 1 else "one process"
+        checkpointing = "on" if settings["activation_checkpointing"].value else "off"
+        lines = [
+            f"Plan for {a.task}, model_size={a.model_size}: {self.shape.params:,} parameters as "
+            f"rendered ({self.shape.describe()})",
+            *(f"  {reason}" for reason in self.reasons),
+            f"Estimated memory per device ({a.precision}, {a.strategy} over {processes}, "
+            f"micro-batch {settings['micro_batch_size'].value}, activation checkpointing "
+            f"{checkpointing}), in GiB:",
+        ]
+        lines += [f"  {name:<12}{gib(count):>9}" for name, count in self.estimate.rows()]
+        if self.usable:
+            share = f"{USABLE_FRACTION[a.hardware]:.0%} of {_device_words(a)}"
+            lines.append(f"  {'usable':<12}{gib(self.usable):>9}  ({share})")
+        if self.estimate.host:
+            lines.append(f"  {'host/node':<12}{gib(self.estimate.host):>9}  (offloaded state)")
+        return lines
+
 
 def plan(answers: Answers) -> Plan:
-    """Resolve `precision` and `strategy` from the hardware and model size.
+    """Check the answers, resolve `precision` and `strategy`, and plan the training settings.
 
     Raises:
-        AnswerError: an impossible combination (fp16 on CPU, bf16 on Volta/Turing, a CUDA
-            project without its GPU architecture, a model too large for the example task).
+        AnswerError: an impossible combination (see `check`), or a model whose state does not
+            fit in all device and host memory together.
         NotAvailableYet: the planner's choice is a value this version cannot render yet, or a
             strategy or precision the chosen framework does not render (`FRAMEWORK_RENDERS`).
     """
+    check(dataclasses.asdict(answers))
     reasons: list[str] = []
     warnings: list[str] = []
-    _check_model_size(answers)
     precision = _precision(answers, reasons)
-    strategy = _strategy(answers, reasons, warnings)
+    if precision != "fp32" and answers.hardware == "mps":
+        warnings.append(
+            f"precision={precision} on MPS is untested here; the seeds advise starting in fp32"
+        )
+    recipe = recipe_for(answers.task, answers.model_params)
+    shape = model_shape(answers.task, answers.model_params, recipe.block_size)
+    fit = _choose_strategy(answers, precision, shape, recipe, reasons, warnings)
+    strategy = fit.strategy
     if strategy in SHARDED_STRATEGIES and precision == "fp16":
         raise AnswerError(
             f"precision=fp16 with strategy={strategy} needs sharded loss scaling, which this "
@@ -58,53 +191,398 @@ def plan(answers: Answers) -> Plan:
         )
     coerce(QUESTION_BY_KEY["strategy"], strategy)  # NotAvailableYet if not rendered yet
     _check_framework(answers, strategy, precision, reasons)
+    settings = _settings(answers, recipe, fit, reasons)
     resolved = dataclasses.replace(answers, precision=precision, strategy=strategy)
-    return Plan(resolved, tuple(reasons), tuple(warnings))
+    usable = usable_bytes(answers)
+    return Plan(resolved, settings, shape, fit.estimate, usable, tuple(reasons), tuple(warnings))
 
 
-def _check_framework(answers: Answers, strategy: str, precision: str, reasons: list[str]) -> None:
-    framework = answers.framework
-    for key, value in (("strategy", strategy), ("precision", precision)):
-        if framework_renders(framework, key, value):
-            continue
-        rendered = " or ".join(FRAMEWORK_RENDERS[framework][key])
-        if getattr(answers, key) == "auto":  # the planner's choice: say why, and what would fit
-            why = next(reason for reason in reasons if reason.startswith(f"{key}={value}:"))
-            raise NotAvailableYet(
-                f"{key}=auto chose {why}; framework={framework} does not render {value} yet "
-                f"(it cannot be tested on CPU); answer framework=pytorch"
-            )
-        raise NotAvailableYet(
-            f"framework={framework} with {key}={value} is not available yet (it cannot be "
-            f"tested on CPU); answer {key}={rendered}, or framework=pytorch for {value}"
-        )
+# --- the checks that need no memory model: the questionnaire runs them on each answer ---
 
 
-def _check_model_size(answers: Answers) -> None:
-    if answers.task == "image-classification" and answers.model_params > MAX_IMAGE_MODEL_PARAMS:
-        raise AnswerError(
-            f"model_size={answers.model_size} is too large for the 8x8-digits example model; "
-            "answer at most 50M, or task=language-model"
-        )
+def check(values: Mapping[str, Any]) -> None:
+    """Refuse answers that cannot work together. Only the keys present are checked, so the
+    questionnaire can check each answer as it is given (values typed, as `coerce` makes them).
+
+    Raises:
+        AnswerError: fp16 on CPU, bf16 on Volta/Turing, CUDA without its architecture, several
+            processes on MPS, one device for several GPUs, fp16 with a sharded strategy, a model
+            too large for the example task or for all memory, or a value the framework does not
+            render (NotAvailableYet).
+    """
+    for keys, rule in RULES:
+        if all(key in values for key in keys):
+            rule(values)
 
 
-def _precision(answers: Answers, reasons: list[str]) -> str:
-    hardware, arch, asked = answers.hardware, answers.gpu_arch, answers.precision
-    if hardware == "cuda" and arch == "none":
+def _cuda_needs_an_architecture(values: Mapping[str, Any]) -> None:
+    if values["hardware"] == "cuda" and values["gpu_arch"] == "none":
         raise AnswerError(
             "hardware=cuda needs the GPU architecture; "
             "answer gpu_arch=hopper, ampere or volta-turing"
         )
-    if asked == "fp16" and hardware == "cpu":
+
+
+def _no_fp16_on_cpu(values: Mapping[str, Any]) -> None:
+    if values["hardware"] == "cpu" and values["precision"] == "fp16":
         raise AnswerError(
             "precision=fp16 on CPU gains nothing and needs loss scaling; answer bf16 or fp32"
         )
-    if asked == "bf16" and arch == "volta-turing":
-        fp16_renders = framework_renders(answers.framework, "precision", "fp16")
+
+
+def _no_bf16_on_volta(values: Mapping[str, Any]) -> None:
+    if values["gpu_arch"] == "volta-turing" and values["precision"] == "bf16":
+        fp16_renders = framework_renders(values.get("framework", "pytorch"), "precision", "fp16")
         others = "fp16 or fp32" if fp16_renders else "fp32"
         raise AnswerError(
             f"precision=bf16 is not supported in hardware on Volta/Turing GPUs; answer {others}"
         )
+
+
+def _one_process_on_mps(values: Mapping[str, Any]) -> None:
+    if values["hardware"] == "mps" and values["strategy"] not in ("auto", "single"):
+        raise AnswerError(
+            f"strategy={values['strategy']} needs several processes with a collective backend, "
+            "which MPS does not have (one Apple GPU per machine); answer strategy=single"
+        )
+
+
+def _single_means_one_gpu(values: Mapping[str, Any]) -> None:
+    world = values["gpus_per_node"] * values["num_nodes"]
+    if values["hardware"] == "cuda" and values["strategy"] == "single" and world > 1:
+        raise AnswerError(
+            f"strategy=single uses one device but {world} GPUs were answered; "
+            "answer gpus_per_node=1 and num_nodes=1, or strategy=ddp"
+        )
+
+
+def _no_fp16_when_sharded(values: Mapping[str, Any]) -> None:
+    if values["strategy"] in SHARDED_STRATEGIES and values["precision"] == "fp16":
+        raise AnswerError(
+            f"precision=fp16 with strategy={values['strategy']} needs sharded loss scaling, "
+            "which this template does not render; answer precision=bf16 or fp32 (or strategy=ddp)"
+        )
+
+
+def _image_model_size(values: Mapping[str, Any]) -> None:
+    size = values["model_size"]
+    if values["task"] == "image-classification" and parse_model_size(size) > MAX_IMAGE_MODEL_PARAMS:
+        raise AnswerError(
+            f"model_size={size} is too large for the 8x8-digits example model; "
+            "answer at most 50M, or task=language-model"
+        )
+
+
+def _framework_renders(values: Mapping[str, Any]) -> None:
+    framework = values["framework"]
+    for key, rendered in FRAMEWORK_RENDERS.get(framework, {}).items():
+        value = values.get(key, "auto")
+        if not framework_renders(framework, key, value):
+            raise NotAvailableYet(
+                f"framework={framework} with {key}={value} is not available yet (it cannot be "
+                f"tested on CPU); answer {key}={' or '.join(rendered)}, or framework=pytorch "
+                f"for {value}"
+            )
+
+
+def _fits_somewhere(values: Mapping[str, Any]) -> None:
+    answers = partial_answers(values)
+    recipe = recipe_for(answers.task, answers.model_params)
+    _check_capacity(answers, model_shape(answers.task, answers.model_params, recipe.block_size))
+
+
+RULES: tuple[tuple[tuple[str, ...], Callable[[Mapping[str, Any]], None]], ...] = (
+    (("hardware", "gpu_arch"), _cuda_needs_an_architecture),
+    (("hardware", "precision"), _no_fp16_on_cpu),
+    (("gpu_arch", "precision"), _no_bf16_on_volta),
+    (("hardware", "strategy"), _one_process_on_mps),
+    (("hardware", "strategy", "gpus_per_node", "num_nodes"), _single_means_one_gpu),
+    (("strategy", "precision"), _no_fp16_when_sharded),
+    (("task", "model_size"), _image_model_size),
+    (("framework",), _framework_renders),
+    (("task", "model_size", "hardware", "host_memory_gb"), _fits_somewhere),
+)
+
+
+def partial_answers(values: Mapping[str, Any]) -> Answers:
+    """An Answers record from typed values, the missing ones at their static defaults (the
+    questionnaire plans with what has been answered so far)."""
+    fields = {q.key: values.get(q.key, q.default) for q in QUESTION_BY_KEY.values()}
+    fields["project_name"] = fields["project_name"] or "x"
+    if fields["hardware"] != "cuda":
+        fields.update(gpu_arch="none", gpus_per_node=1, num_nodes=1, gpu_memory_gb=0.0)
+    return Answers(package_name="x", **fields)
+
+
+# --- sizes, memory and recipes ---
+
+
+def model_shape(task: str, params: int, block_size: int) -> ModelShape:
+    """The example model of `task` that `model_size` renders (for the language model, at the
+    recipe's context)."""
+    if task == "image-classification":
+        return cnn_for(params)
+    return decoder_for(params, block_size)
+
+
+def recipe_for(task: str, params: int) -> Recipe:
+    """The batch, learning rate and warmup a model of `params` parameters trains with.
+
+    The digits CNN keeps its example's recipe. The decoder takes the GPT-3 row nearest its size
+    in log scale (Brown et al. 2020, Table 2.1: context 2048, batch, peak LR; warmup over 375M
+    tokens) or, nearer the example's 100K-1M than GPT-3 Small's 125M, the example's own.
+    """
+    if task == "image-classification":
+        return DIGITS_RECIPE
+    size, name, sequences, lr = min(GPT3_ROWS, key=lambda row: abs(math.log(params / row[0])))
+    if abs(math.log(params / 1e6)) < abs(math.log(params / size)):
+        return SMALL_LM_RECIPE
+    return Recipe(
+        f"GPT-3 {name}",
+        GPT3_CITATION,
+        sequences,
+        False,
+        lr,
+        math.ceil(GPT3_WARMUP_TOKENS / (sequences * GPT3_CONTEXT)),
+        block_size=GPT3_CONTEXT,
+        corpus_bytes=STDLIB_CORPUS_BYTES,
+    )
+
+
+def usable_bytes(answers: Answers) -> int:
+    """Bytes of one device a plan may fill: the usable share of one GPU, or of host memory on
+    CPU and MPS; 0 when the memory was not given."""
+    memory = answers.gpu_memory_gb if answers.hardware == "cuda" else answers.host_memory_gb
+    return int(memory * GIB * USABLE_FRACTION[answers.hardware])
+
+
+def _host_usable(answers: Answers) -> int:
+    return int(answers.host_memory_gb * GIB * USABLE_FRACTION["cpu"])
+
+
+def _check_capacity(answers: Answers, shape: ModelShape) -> None:
+    """Refuse a model whose state (16 bytes per parameter) exceeds all usable device and host
+    memory together: no strategy, not even offload, can train it."""
+    devices = answers.world_size if answers.hardware == "cuda" else 1
+    device_total = devices * usable_bytes(answers)
+    host_total = answers.num_nodes * _host_usable(answers) if answers.hardware == "cuda" else 0
+    if device_total == 0 or (answers.hardware == "cuda" and host_total == 0):
+        return  # a memory size was not given: nothing to compare with
+    needed = MODEL_STATE_BYTES * shape.params
+    if needed > device_total + host_total:
+        where = (
+            f"{devices} x {answers.gpu_memory_gb:g} GiB GPUs and {answers.num_nodes} x "
+            f"{answers.host_memory_gb:g} GiB of host memory"
+            if answers.hardware == "cuda"
+            else f"{answers.host_memory_gb:g} GiB of {answers.hardware.upper()} memory"
+        )
+        raise AnswerError(
+            f"model_size={answers.model_size} needs ~{gib(needed)} GiB of model state "
+            f"({MODEL_STATE_BYTES} bytes per parameter with AdamW), more than the usable "
+            f"{gib(device_total + host_total)} GiB of {where}; answer a smaller model_size, "
+            + ("more GPUs or more nodes" if answers.hardware == "cuda" else "or hardware=cuda")
+        )
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A strategy with the micro-batch and checkpointing that fit, and their estimate."""
+
+    strategy: str
+    micro_batch: int
+    checkpointing: bool
+    estimate: Estimate
+    fits: bool
+
+
+def _per_process(recipe: Recipe, world: int) -> int:
+    return recipe.sequences if recipe.per_process else math.ceil(recipe.sequences / world)
+
+
+def fit(answers: Answers, strategy: str, precision: str, shape: ModelShape, recipe: Recipe) -> Fit:
+    """The largest micro-batch (a divisor of the recipe's batch per process, so accumulation
+    makes it up exactly) that fits `usable_bytes` with `strategy`, without activation
+    checkpointing if any does, else with it; micro-batch 1 with checkpointing and `fits` False
+    when nothing does. Offload must also fit each node's host memory."""
+    world = answers.world_size
+    per_process = _per_process(recipe, world)
+    usable, host = usable_bytes(answers), _host_usable(answers)
+    candidates = [size for size in range(per_process, 0, -1) if per_process % size == 0]
+    dropout = 0.0 if answers.task == "language-model" else 0.1  # the examples' dropout
+
+    def run(micro_batch: int, checkpointing: bool) -> Estimate:
+        return estimate(
+            shape,
+            strategy=strategy,
+            precision=precision,
+            world_size=world,
+            micro_batch=micro_batch,
+            checkpointing=checkpointing,
+            dropout=dropout,
+            processes_per_node=answers.gpus_per_node,
+        )
+
+    if usable == 0:
+        return Fit(strategy, per_process, False, run(per_process, False), True)
+    for checkpointing in (False, True):
+        for micro_batch in candidates:
+            result = run(micro_batch, checkpointing)
+            if result.peak <= usable and (host == 0 or result.host <= host):
+                return Fit(strategy, micro_batch, checkpointing, result, True)
+    return Fit(strategy, 1, True, run(1, True), False)
+
+
+def strategy_ladder(answers: Answers) -> tuple[str, ...]:
+    """The strategies `auto` tries, least sharding first."""
+    if answers.hardware != "cuda":
+        return ("single",)
+    return (
+        ("single", "zero3-offload")
+        if answers.world_size == 1
+        else ("ddp", "fsdp2", "zero3-offload")
+    )
+
+
+def _choose_strategy(
+    answers: Answers,
+    precision: str,
+    shape: ModelShape,
+    recipe: Recipe,
+    reasons: list[str],
+    warnings: list[str],
+) -> Fit:
+    usable = usable_bytes(answers)
+    where = _device_words(answers)
+    if answers.strategy != "auto":
+        chosen = fit(answers, answers.strategy, precision, shape, recipe)
+        if answers.strategy != "single" and answers.world_size == 1:
+            warnings.append(
+                f"strategy={answers.strategy} with one process adds nothing on its own; launch "
+                "with NPROC_PER_NODE=N bash launch/torchrun.sh (on CPU it runs gloo)"
+            )
+        if not chosen.fits:
+            warnings.append(
+                f"strategy={answers.strategy} may run out of memory: even at micro-batch 1 with "
+                f"activation checkpointing it needs ~{gib(chosen.estimate.peak)} GiB per device, "
+                f"more than {gib(usable)} GiB usable of {where}{_auto_would(answers, precision)}"
+            )
+        reasons.append(f"strategy={answers.strategy}: as answered")
+        return chosen
+    tried: list[str] = []
+    for strategy in strategy_ladder(answers):
+        chosen = fit(answers, strategy, precision, shape, recipe)
+        if chosen.fits:
+            break
+        tried.append(f"{strategy} needs ~{gib(chosen.estimate.peak)} GiB at micro-batch 1")
+    else:
+        warnings.append(
+            f"no strategy fits {gib(usable)} GiB usable of {where} even at micro-batch 1 with "
+            f"activation checkpointing ({'; '.join(tried)}); the run may run out of memory"
+        )
+    reasons.append(_strategy_reason(answers, chosen, shape, tried, usable, where))
+    return chosen
+
+
+def _auto_would(answers: Answers, precision: str) -> str:
+    try:
+        chosen = plan(dataclasses.replace(answers, strategy="auto", precision=precision))
+    except AnswerError:
+        return ""
+    return f"; strategy=auto would choose {chosen.answers.strategy}"
+
+
+def _device_words(answers: Answers) -> str:
+    if answers.hardware == "cuda":
+        return f"one {answers.gpu_memory_gb:g} GiB GPU"
+    return f"{answers.host_memory_gb:g} GiB of {answers.hardware.upper()} memory"
+
+
+def _strategy_reason(
+    answers: Answers, chosen: Fit, shape: ModelShape, tried: list[str], usable: int, where: str
+) -> str:
+    state = MODEL_STATE_BYTES * shape.params
+    head = f"strategy={chosen.strategy}: "
+    if usable == 0:
+        memory = "GPU" if answers.hardware == "cuda" else "host"
+        detail = f"{memory} memory not given, so fit is not checked (answer it to plan for it)"
+        many = chosen.strategy == "ddp"
+        return head + (f"replicate over {answers.world_size} GPUs; " if many else "") + detail
+    fits = f"~{gib(chosen.estimate.peak)} GiB per device fits {gib(usable)} GiB usable of {where}"
+    passed = f" ({'; '.join(tried)})" if tried else ""
+    if chosen.strategy == "single":
+        return head + f"one device, and the model fits on it: {fits}"
+    if chosen.strategy == "ddp":
+        return (
+            head + f"the model fits on one GPU ({fits}); replicate over {answers.world_size} GPUs"
+        )
+    if chosen.strategy == "fsdp2":
+        return (
+            head + f"model state (~{gib(state)} GiB at {MODEL_STATE_BYTES} B/parameter) does not "
+            f"fit one GPU{passed}; shard it over {answers.world_size} GPUs: {fits}"
+        )
+    return (
+        head + f"model state (~{gib(state)} GiB) does not fit even sharded over all "
+        f"{answers.world_size} GPUs{passed}; shard it and keep the optimizer state and parameters "
+        f"in CPU memory (~{gib(chosen.estimate.host)} GiB per node): {fits}"
+    )
+
+
+def _settings(
+    answers: Answers, recipe: Recipe, chosen: Fit, reasons: list[str]
+) -> dict[str, Setting]:
+    world = answers.world_size
+    per_process = _per_process(recipe, world)
+    accumulation = per_process // chosen.micro_batch
+    usable = usable_bytes(answers)
+    unit = "sequences" if recipe.block_size else "images"
+
+    def of_recipe(what: str) -> str:
+        return f"{recipe.name}'s {what} ({recipe.citation})"
+
+    settings: dict[str, Setting] = {}
+    if recipe.block_size:
+        settings["block_size"] = Setting(recipe.block_size, of_recipe("context"))
+        corpus = (
+            "the example's corpus"
+            if recipe.corpus_bytes == SMALL_LM_RECIPE.corpus_bytes
+            else "all of the stdlib's source; point text_path at a corpus this model deserves"
+        )
+        settings["corpus_bytes"] = Setting(recipe.corpus_bytes, corpus)
+    fits = (
+        f"fits: ~{gib(chosen.estimate.peak)} of {gib(usable)} GiB usable per device"
+        if usable
+        else "is the whole batch per process (memory not given, so fit is not checked)"
+    )
+    settings["micro_batch_size"] = Setting(
+        chosen.micro_batch,
+        f"the largest divisor of the {per_process} {unit} per process that {fits}",
+    )
+    total = chosen.micro_batch * accumulation * world
+    settings["grad_accum_steps"] = Setting(
+        accumulation,
+        f"{chosen.micro_batch} x {accumulation} x {world} process(es) = {total} {unit} per "
+        f"optimizer step, {recipe.batch}",
+    )
+    settings["lr"] = Setting(recipe.lr, of_recipe("peak learning rate"))
+    warmup = (
+        "GPT-3's warmup over 375M tokens (Brown et al. 2020, Appendix B)"
+        if recipe.name.startswith("GPT-3")
+        else of_recipe("warmup")
+    )
+    settings["warmup_steps"] = Setting(recipe.warmup_steps, warmup)
+    settings["activation_checkpointing"] = Setting(
+        chosen.checkpointing,
+        "needed: no micro-batch fits without it"
+        if chosen.checkpointing
+        else "off: the plan fits without recomputing activations",
+    )
+    for key, setting in settings.items():
+        reasons.append(f"{key}={setting.as_toml()}: {setting.source}")
+    return settings
+
+
+def _precision(answers: Answers, reasons: list[str]) -> str:
+    hardware, arch, asked = answers.hardware, answers.gpu_arch, answers.precision
     if asked != "auto":
         reasons.append(f"precision={asked}: as answered")
         return asked
@@ -120,51 +598,22 @@ def _precision(answers: Answers, reasons: list[str]) -> str:
     if hardware == "cuda":
         reasons.append("precision=fp16: Volta/Turing lack bf16; fp16 autocast + GradScaler")
         return "fp16"
-    reasons.append(f"precision=fp32: bf16 autocast is slower than fp32 on {hardware.upper()}")
+    if hardware == "mps":
+        reasons.append("precision=fp32: on MPS, start in fp32 (seeds: precision by hardware)")
+        return "fp32"
+    reasons.append("precision=fp32: bf16 autocast is slower than fp32 on CPU")
     return "fp32"
 
 
-def _strategy(answers: Answers, reasons: list[str], warnings: list[str]) -> str:
-    world = answers.world_size
-    needed_gb = answers.model_params * BYTES_PER_PARAM / 2**30
-    fits = (
-        answers.hardware != "cuda"
-        or answers.gpu_memory_gb == 0
-        or (needed_gb <= USABLE_GPU_FRACTION * answers.gpu_memory_gb)
-    )
-    if answers.strategy != "auto":
-        if answers.strategy == "single" and world > 1:
-            raise AnswerError(
-                f"strategy=single uses one device but {world} GPUs were answered; "
-                "answer gpus_per_node=1 and num_nodes=1, or strategy=ddp"
-            )
-        if answers.strategy != "single" and world == 1:
-            warnings.append(
-                f"strategy={answers.strategy} with one process adds nothing on its own; launch "
-                "with NPROC_PER_NODE=N bash launch/torchrun.sh (on CPU it runs gloo)"
-            )
-        if not fits:
-            warnings.append(
-                f"model state needs ~{needed_gb:.1f} GB with AdamW; one "
-                f"{answers.gpu_memory_gb:g} GB GPU may run out of memory"
-            )
-        reasons.append(f"strategy={answers.strategy}: as answered")
-        return answers.strategy
-    if world == 1 and fits:
-        reasons.append("strategy=single: one device, and the model state fits on it")
-        return "single"
-    if fits:
-        reasons.append(f"strategy=ddp: the model fits on one GPU; replicate over {world} GPUs")
-        return "ddp"
-    if needed_gb > USABLE_GPU_FRACTION * answers.gpu_memory_gb * world:
-        reasons.append(
-            f"strategy=zero3-offload: model state (~{needed_gb:.1f} GB) exceeds "
-            f"{USABLE_GPU_FRACTION:.0%} of all {world} GPUs together; shard it and keep the "
-            "optimizer state and parameters in CPU memory"
+def _check_framework(answers: Answers, strategy: str, precision: str, reasons: list[str]) -> None:
+    """The planner's own choices against what the framework renders (answered values were
+    checked by `check`)."""
+    framework = answers.framework
+    for key, value in (("strategy", strategy), ("precision", precision)):
+        if framework_renders(framework, key, value):
+            continue
+        why = next(reason for reason in reasons if reason.startswith(f"{key}={value}:"))
+        raise NotAvailableYet(
+            f"{key}=auto chose {why}; framework={framework} does not render {value} yet "
+            f"(it cannot be tested on CPU); answer framework=pytorch"
         )
-        return "zero3-offload"
-    reasons.append(
-        f"strategy=fsdp2: model state (~{needed_gb:.1f} GB) exceeds "
-        f"{USABLE_GPU_FRACTION:.0%} of one {answers.gpu_memory_gb:g} GB GPU; shard it"
-    )
-    return "fsdp2"

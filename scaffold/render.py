@@ -14,10 +14,11 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from scaffold import __version__
-from scaffold.answers import Answers
 from scaffold.errors import DestinationError, RenderError
 
 CACHE_ENV = "SCAFFOLD_CACHE_DIR"
@@ -195,9 +196,10 @@ def check_destination(dest: Path, force: bool) -> None:
 
 
 def render_project(
-    answers: Answers, dest: Path, *, force: bool = False, init_git: bool = True
+    data: Mapping[str, Any], dest: Path, *, force: bool = False, init_git: bool = True
 ) -> None:
-    """Render the template for `answers` into `dest`, format it with ruff, make the first commit.
+    """Render the template with `data` (a plan's `copier_data()`) into `dest`, format it with
+    ruff, make the first commit.
 
     The commit is made only when `dest` was new or empty: with `force` into a non-empty folder
     the rendered files are left for the user to review and commit.
@@ -220,7 +222,7 @@ def render_project(
             copier.run_copy(
                 src_path,
                 dest,
-                data=answers.to_copier_data(),
+                data=dict(data),
                 vcs_ref=tag,
                 defaults=True,
                 overwrite=force,

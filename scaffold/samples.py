@@ -40,7 +40,7 @@ def fresh_template_cache() -> Iterator[None]:
 def render_variant(name: str, dest: Path, init_git: bool = False) -> None:
     """Render variant `name` into `dest` (whose folder name becomes the project name)."""
     answers = build_answers(merge_sources(VARIANTS[name], {"project_name": dest.name}))
-    render_project(plan(answers).answers, dest, init_git=init_git)
+    render_project(plan(answers).copier_data(), dest, init_git=init_git)
 
 
 def write_samples(root: Path) -> list[str]:

@@ -20,10 +20,10 @@ import yaml
 from packaging.version import InvalidVersion, Version
 
 from scaffold import __version__
-from scaffold.answers import Answers, build_answers, merge_sources
+from scaffold.answers import build_answers, merge_sources
 from scaffold.errors import ProjectError, RenderError
 from scaffold.migrations import notes_between
-from scaffold.planner import plan
+from scaffold.planner import Plan, plan
 from scaffold.render import (
     ensure_template_repo,
     has_template_version,
@@ -120,20 +120,21 @@ def _version_of(tag: str) -> Version:
         ) from None
 
 
-def updated_answers(recorded: Mapping[str, Any], data: Mapping[str, str]) -> Answers:
+def updated_plan(recorded: Mapping[str, Any], data: Mapping[str, str]) -> Plan:
     """Recorded answers with `data` on top, validated and planned like `scaffold new`.
 
     Raises:
         ProjectError: `data` renames the project (the package folder would be re-created and
             the owner's edits in it left behind).
     """
-    previous = {k: v for k, v in recorded.items() if not k.startswith("_") and k != "package_name"}
+    derived = ("package_name", "plan")  # scaffold computes these again from the answers
+    previous = {k: v for k, v in recorded.items() if not k.startswith("_") and k not in derived}
     if "project_name" in data and data["project_name"] != previous.get("project_name"):
         raise ProjectError(
             "an update cannot rename the project (edits in the package would be lost); "
             "rename the package by hand, with git mv, instead"
         )
-    return plan(build_answers(merge_sources(data, previous))).answers
+    return plan(build_answers(merge_sources(data, previous)))
 
 
 def update_project(
@@ -160,7 +161,7 @@ def update_project(
     project = find_project(project)
     recorded = recorded_answers(project)
     old = check_updatable(project, recorded, version)
-    answers = updated_answers(recorded, data or {})
+    planned = updated_plan(recorded, data or {})
     source = str(recorded.get("_src_path") or "~/.cache/scaffold/template-repo")
     old_tag = str(recorded["_commit"])
     source, new_tag = ensure_template_repo(version, template, source)
@@ -172,20 +173,20 @@ def update_project(
             "run scaffold update --recopy and review the result with git diff"
         )
     if dry_run:
-        result.diff = _dry_run_diff(project, answers, new_tag, ask, recopy)
+        result.diff = _dry_run_diff(project, planned, new_tag, ask, recopy)
         return result
-    _run_copier(project, answers, new_tag, ask, recopy)
+    _run_copier(project, planned, new_tag, ask, recopy)
     result.conflicts = conflicted_files(project)
     result.changed = bool(run_git("status", "--porcelain", cwd=project))
     keep_template_in_project(project, source, new_tag)
     return result
 
 
-def _run_copier(project: Path, answers: Answers, tag: str, ask: bool, recopy: bool) -> None:
+def _run_copier(project: Path, planned: Plan, tag: str, ask: bool, recopy: bool) -> None:
     import copier
     from copier.errors import CopierError, CopierWarning
 
-    options = dict(data=answers.to_copier_data(), vcs_ref=tag, overwrite=True, quiet=True)
+    options = dict(data=planned.copier_data(), vcs_ref=tag, overwrite=True, quiet=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CopierWarning)
         try:
@@ -197,12 +198,12 @@ def _run_copier(project: Path, answers: Answers, tag: str, ask: bool, recopy: bo
             raise RenderError(f"copier failed: {error}") from error
 
 
-def _dry_run_diff(project: Path, answers: Answers, tag: str, ask: bool, recopy: bool) -> str:
+def _dry_run_diff(project: Path, planned: Plan, tag: str, ask: bool, recopy: bool) -> str:
     """Run the update on a throw-away clone and return `git diff` of what it changed."""
     with tempfile.TemporaryDirectory() as scratch:
         clone = Path(scratch) / project.name
         run_git("clone", "--quiet", str(project), str(clone), cwd=Path(scratch))
-        _run_copier(clone, answers, tag, ask, recopy)
+        _run_copier(clone, planned, tag, ask, recopy)
         run_git("add", "--all", cwd=clone)
         return run_git("diff", "--cached", cwd=clone)
 

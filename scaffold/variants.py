@@ -7,12 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 CPU = {"hardware": "cpu", "gpu_arch": "none", "gpus_per_node": 1, "num_nodes": 1}
-CPU |= {"gpu_memory_gb": 0.0}
+CPU |= {"gpu_memory_gb": 0.0, "host_memory_gb": 16.0}
+MPS = {**CPU, "hardware": "mps"}
 COMMON = {"task": "image-classification", "framework": "pytorch", "strategy": "single"}
 COMMON |= {"model_size": "100K", "compile": False}
 
 CUDA_AMPERE = {"hardware": "cuda", "gpu_arch": "ampere", "gpus_per_node": 1, "num_nodes": 1}
-CUDA_AMPERE |= {"gpu_memory_gb": 80.0}
+CUDA_AMPERE |= {"gpu_memory_gb": 80.0, "host_memory_gb": 512.0}
 CUDA_TURING = {**CUDA_AMPERE, "gpu_arch": "volta-turing", "gpu_memory_gb": 16.0}
 
 # Most-picked combinations first; every renderable value of every key appears at least once
@@ -46,6 +47,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "cpu-single-bf16": {**COMMON, **CPU, "precision": "bf16"},
     "cpu-ddp-fp32": {**COMMON, **CPU, "strategy": "ddp", "precision": "fp32"},
     "lm-cpu-single-fp32": {**COMMON, **CPU, "task": "language-model", "precision": "fp32"},
+    "mps-single-fp32": {**COMMON, **MPS, "precision": "fp32"},
     "lm-ddp-bf16": {
         **COMMON,
         **CUDA_AMPERE,

@@ -35,15 +35,18 @@ def snapshot(folder: Path) -> dict[str, bytes]:
     }
 
 
-def run_scaffold(*args: str, cwd: Path, stdin: str | None = "") -> subprocess.CompletedProcess:
-    """`python -m scaffold ARGS` in a child process (no terminal on stdin unless given one)."""
+def run_scaffold(
+    *args: str, cwd: Path, stdin: str | None = "", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`python -m scaffold ARGS` in a child process (no terminal on stdin unless given one),
+    with `env` on top of this process's environment."""
     return subprocess.run(
         [sys.executable, "-m", "scaffold", *args],
         cwd=cwd,
         input=stdin,
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})},
     )
 
 

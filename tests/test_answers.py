@@ -86,11 +86,10 @@ def test_a_model_too_big_for_all_gpus_together_gets_zero3_with_cpu_offload():
     assert any("CPU memory" in reason for reason in resolved.reasons)
 
 
-def test_a_known_value_not_rendered_yet_is_refused_and_every_strategy_renders():
-    with pytest.raises(NotAvailableYet, match="hardware=mps"):
-        answers(hardware="mps")
-    strategy = next(question for question in QUESTIONS if question.key == "strategy")
-    assert all(strategy.renders(value) for value in strategy.choices)
+def test_every_hardware_and_strategy_renders():
+    for key in ("hardware", "strategy"):
+        question = QUESTION_BY_KEY[key]
+        assert all(question.renders(value) for value in question.choices), key
 
 
 def test_fsdp2_with_fp16_is_refused_with_the_way_out():
@@ -184,18 +183,23 @@ def test_every_framework_renders_what_the_planner_picks_for_a_small_model():
         assert (resolved.framework, resolved.strategy) == (framework, "ddp")
 
 
-def test_the_questionnaire_disables_strategies_the_chosen_framework_does_not_render():
-    from scaffold.questionnaire import _unavailable
+def test_the_questionnaire_disables_what_the_answers_so_far_rule_out_with_the_reason():
+    from scaffold.questionnaire import unavailable
 
-    strategy = QUESTION_BY_KEY["strategy"]
-    assert _unavailable(strategy, "zero3", "fabric") == "not with fabric yet"
-    assert _unavailable(strategy, "fsdp2", "accelerate") == "not with accelerate yet"
-    assert _unavailable(strategy, "fsdp2", "fabric") is None
-    assert _unavailable(strategy, "zero3", "pytorch") is None
-    precision = QUESTION_BY_KEY["precision"]
-    assert _unavailable(precision, "fp16", "accelerate") == "not with accelerate yet"
-    assert _unavailable(precision, "fp16", "fabric") is None
-    assert _unavailable(QUESTION_BY_KEY["hardware"], "mps", "pytorch") == "not available yet"
+    strategy, precision = QUESTION_BY_KEY["strategy"], QUESTION_BY_KEY["precision"]
+    fabric, accelerate = {"framework": "fabric"}, {"framework": "accelerate"}
+    assert "framework=fabric with strategy=zero3 is not available" in unavailable(
+        strategy, "zero3", fabric
+    )
+    assert "answer strategy=single or ddp" in unavailable(strategy, "fsdp2", accelerate)
+    assert unavailable(strategy, "fsdp2", fabric) is None
+    assert unavailable(strategy, "zero3", {"framework": "pytorch"}) is None
+    assert "precision=fp16" in unavailable(precision, "fp16", accelerate)
+    assert unavailable(precision, "fp16", fabric) is None
+    gpu_arch = QUESTION_BY_KEY["gpu_arch"]
+    assert "needs the GPU architecture" in unavailable(gpu_arch, "none", {"hardware": "cuda"})
+    assert "MPS" in unavailable(strategy, "ddp", {"hardware": "mps"})
+    assert "fp16 on CPU" in unavailable(precision, "fp16", {"hardware": "cpu"})
 
 
 def test_accelerate_with_fp16_is_refused_and_auto_on_volta_picks_fp32():

@@ -8,6 +8,7 @@ import sys
 
 import pexpect
 import pytest
+import yaml
 from conftest import REPO_ROOT, run_scaffold, snapshot
 
 DEFAULT_FILES = {
@@ -19,6 +20,7 @@ DEFAULT_FILES = {
     "pyproject.toml",
     "configs/train.toml",
     "tests/conftest.py",
+    "tests/test_build.py",
     "tests/test_checkpoint.py",
     "tests/test_data_headroom.py",
     "tests/test_example.py",
@@ -32,6 +34,7 @@ DEFAULT_FILES = {
     f"src/demo/{name}.py"
     for name in (
         "__init__",
+        "build",
         "checkpoint",
         "config",
         "data",
@@ -131,7 +134,24 @@ BAD_INPUTS = {
         ],
         "precision=bf16 or fp32",
     ),  # fmt: skip
-    "mps-later": (["x", "--defaults", "--data", "hardware=mps"], "not available yet"),
+    "mps-ddp": (["x", "--defaults", "--data", "hardware=mps", "--data", "strategy=ddp"], "MPS"),
+    "mps-fabric": (
+        ["x", "--defaults", "--data", "hardware=mps", "--data", "framework=fabric"],
+        "framework=fabric with hardware=mps is not available yet",
+    ),
+    "7b-on-16-gb": (
+        [
+            "x",
+            "--defaults",
+            "--data",
+            "task=language-model",
+            "--data",
+            "model_size=7B",
+            "--data",
+            "host_memory_gb=16",
+        ],
+        "more than the usable",
+    ),  # fmt: skip
     "fp16-on-cpu": (["x", "--defaults", "--data", "precision=fp16"], "answer bf16 or fp32"),
     "cuda-without-arch": (["x", "--defaults", "--data", "hardware=cuda"], "gpu_arch"),
     "bf16-on-turing": (
@@ -199,25 +219,103 @@ def test_variants_lists_names_first(tmp_path):
     assert "cpu-single-fp32" in names and len(names) == len(set(names))
 
 
+DOWN, BACKSPACE = "\x1b[B", "\x7f"
+
+
 def test_interactive_prompts_with_a_pseudo_terminal(tmp_path):
-    """Drive questionary through a real pty: accept defaults, but pick bf16 for precision."""
+    """Drive questionary through a real pty as a user would: CUDA on 2 GPUs, a model too large
+    for the digits example first (refused under the prompt), bf16, and `auto` for the strategy,
+    which shows what it picks; choices that cannot work are disabled with the reason."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TERM": "xterm"}
     child = pexpect.spawn(
         sys.executable, ["-m", "scaffold", "new", "netproj"], cwd=str(tmp_path), env=env,
-        encoding="utf-8", timeout=60, dimensions=(40, 120),
+        encoding="utf-8", timeout=60, dimensions=(50, 200),
     )  # fmt: skip
-    prompts = ["Project name", "Example task", "Hardware", "Model size", "Training framework"]
-    prompts += ["Parallelism strategy"]
-    for prompt in prompts:
+
+    def answer(prompt: str, keys: str = "") -> None:
         child.expect(prompt)
-        child.send("\r")
-    child.expect("Precision")
-    child.send("\x1b[B\x1b[B")  # down twice: auto -> fp32 -> bf16
+        child.send(keys + "\r")
+
+    answer("Project name")
+    answer("Example task")
+    answer("Hardware", DOWN)  # cpu -> cuda
+    child.expect("GPU architecture")
+    child.expect("needs the GPU architecture")  # `none` is shown disabled, with the reason
+    child.send("\r")  # the first choice that can work: hopper
+    answer("GPUs per node", BACKSPACE + "2")
+    answer("Number of nodes")
+    answer("Memory per GPU", BACKSPACE * 8 + "40")
+    answer("Host memory per node", BACKSPACE * 8 + "64")
+    answer("Model size", BACKSPACE * 8 + "7B")
+    child.expect("too large for the 8x8-digits example model")  # refused where it was typed
+    child.send(BACKSPACE * 2 + "100K\r")
+    answer("Training framework")
+    answer("Precision", DOWN * 2)  # auto -> fp32 -> bf16
+    child.expect("Parallelism strategy")
+    child.expect(r"auto  \[ddp, ~")  # what auto picks, and what it needs per device
+    child.expect("strategy=single uses one device but 2 GPUs")  # disabled, with the reason
     child.send("\r")
-    child.expect("torch.compile")
-    child.send("\r")
+    child.expect("Estimated memory per device")  # the plan, before the last question
+    answer("torch.compile")
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0, child.before
     engine = (tmp_path / "netproj" / "src" / "netproj" / "engine.py").read_text()
     assert "COMPUTE_DTYPE = torch.bfloat16" in engine
+    recorded = yaml.safe_load((tmp_path / "netproj" / ".copier-answers.yml").read_text())
+    assert (recorded["strategy"], recorded["gpus_per_node"]) == ("ddp", 2)
+    assert (recorded["gpu_memory_gb"], recorded["host_memory_gb"]) == (40.0, 64.0)
+
+
+NVIDIA_SMI = """#!/bin/sh
+# A stand-in for nvidia-smi on a machine with 8 H100s: what the probe's query prints.
+for gpu in 0 1 2 3 4 5 6 7; do echo "NVIDIA H100 80GB HBM3, 81559, 9.0"; done
+"""
+
+
+def stand_in_nvidia_smi(folder, script: str = NVIDIA_SMI) -> dict[str, str]:
+    """An `nvidia-smi` executable in `folder`, first on PATH in the returned environment."""
+    folder.mkdir()
+    executable = folder / "nvidia-smi"
+    executable.write_text(script)
+    executable.chmod(0o755)
+    return {"PATH": f"{folder}{os.pathsep}{os.environ['PATH']}"}
+
+
+def test_defaults_on_a_machine_with_gpus_render_a_cuda_project_for_them(tmp_path):
+    env = stand_in_nvidia_smi(tmp_path / "bin")
+    result = run_scaffold("new", "gpus", "--defaults", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    recorded = yaml.safe_load((tmp_path / "gpus" / ".copier-answers.yml").read_text())
+    assert (recorded["hardware"], recorded["gpu_arch"]) == ("cuda", "hopper")
+    assert (recorded["gpus_per_node"], recorded["gpu_memory_gb"]) == (8, 79.6)  # 81,559 MiB
+    assert (recorded["strategy"], recorded["precision"]) == ("ddp", "bf16")
+    assert "strategy=ddp: the model fits on one GPU" in result.stdout
+
+
+def test_a_broken_nvidia_smi_means_cpu(tmp_path):
+    env = stand_in_nvidia_smi(tmp_path / "bin", "#!/bin/sh\necho 'NVIDIA-SMI has failed'; exit 9\n")
+    result = run_scaffold("plan", "--defaults", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "strategy=single" in result.stdout and "fp32" in result.stdout
+
+
+def test_plan_prints_each_decision_and_the_memory_table_and_writes_nothing(tmp_path):
+    env = stand_in_nvidia_smi(tmp_path / "bin")
+    data = ["--data", "task=language-model", "--data", "model_size=7B"]
+    result = run_scaffold("plan", "--defaults", *data, "--data", "host_memory_gb=1024",
+                          cwd=tmp_path, env=env)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("Plan for language-model, model_size=7B: 7,039,787,328 parameters")
+    decisions = ["precision=bf16:", "strategy=fsdp2:", "block_size=2048:", "lr=1.2e-4:"]
+    decisions += ["micro_batch_size=", "grad_accum_steps=", "activation_checkpointing="]
+    for decision in decisions:
+        assert any(line.strip().startswith(decision) for line in lines), decision
+    table = lines[lines.index(next(line for line in lines if line.startswith("Estimated"))) :]
+    for component in ("weights", "gradients", "optimizer", "activations", "buffers", "peak"):
+        assert any(line.split()[0] == component for line in table[1:]), component
+    assert list(tmp_path.iterdir()) == [tmp_path / "bin"], "nothing written"
+    forced = run_scaffold("plan", "--defaults", *data, "--data", "host_memory_gb=1024",
+                          "--data", "strategy=ddp", cwd=tmp_path, env=env)  # fmt: skip
+    assert forced.returncode == 0 and "may run out of memory" in forced.stderr

@@ -13,7 +13,8 @@ import pytest
 import yaml
 from conftest import ruff
 
-from scaffold.answers import FRAMEWORK_RENDERS
+from scaffold.answers import FRAMEWORK_RENDERS, build_answers
+from scaffold.planner import plan
 from scaffold.render import ensure_template_repo, template_repo_source
 from scaffold.variants import VARIANTS
 
@@ -40,11 +41,8 @@ FRAMEWORK_RENDERS = {
 def render_raw(variant: str, dest: Path, answers: dict | None = None) -> None:
     """copier alone (no ruff format, no git): what `scaffold update` will re-render and merge."""
     src, tag = ensure_template_repo()
-    data = {
-        **(answers or VARIANTS[variant]),
-        "project_name": dest.name,
-        "package_name": dest.name.replace("-", "_"),
-    }
+    chosen = {**(answers or VARIANTS[variant]), "project_name": dest.name}
+    data = plan(build_answers(chosen)).copier_data()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         copier.run_copy(src, dest, data=data, vcs_ref=tag, defaults=True, quiet=True)

@@ -21,8 +21,8 @@ ENGINE_LINE = "        self.optimizer.zero_grad(set_to_none=True)"
 ENGINE_FIX = "        self.optimizer.zero_grad(set_to_none=True)  # frees the gradients' memory"
 LOADER_LINE = "        batch_size=None,  # the sampler yields whole batches"
 LOADER_FIX = "        batch_size=None,  # the sampler yields whole batches of indices"
-CONFIG_LINE = "warmup_steps = 40 "
-CONFIG_FIX = "warmup_steps = 50 "
+CONFIG_LINE = "min_lr_ratio = 0.05 "
+CONFIG_FIX = "min_lr_ratio = 0.02 "
 
 
 def git(project: Path, *args: str) -> str:

@@ -1,13 +1,18 @@
 """Run under torchrun by test_distributed.py: train with the key=value settings given, then
 save this rank's flattened parameters (the test compares the ranks bitwise) and what ran, as
 seen from inside the run: the world size, the wrappers around the model, the share of each
-parameter this rank stores, and the dtypes the layers computed in."""
+parameter this rank stores, and the dtypes the layers computed in.
+
+With `--setup-only` first, it builds the run without training and records how much this
+rank's peak resident memory grew while it did (FSDP2 builds on the meta device: each rank
+should allocate its shards, never the whole model)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -74,5 +79,35 @@ def main(config_path: str, run_dir: str, *overrides: str) -> None:
     shutdown_runtime(runtime)
 
 
+def resident_bytes(field: str) -> int:
+    """`VmRSS` (resident now) or `VmHWM` (peak resident) of this process, in bytes (Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) * 1024
+    raise ValueError(f"no {field} in /proc/self/status")
+
+
+def setup_memory(config_path: str, run_dir: str, *overrides: str) -> None:
+    """Build the run (model, engine, optimizer) and record this rank's peak resident-memory
+    growth over it and the model's whole fp32 size, in bytes."""
+    config = load_config(config_path, ["device=cpu", *overrides])
+    runtime = init_runtime("cpu")
+    Path("/proc/self/clear_refs").write_text("5")  # the peak resident size starts again here
+    before = resident_bytes("VmRSS")
+    trainer = Trainer(dataclasses.replace(config, run_dir=run_dir), runtime)
+    facts = {
+        "growth": resident_bytes("VmHWM") - before,
+        "whole_fp32": 4 * sum(p.numel() for p in trainer.engine.model.parameters()),
+        "stored_fraction": stored_fraction(trainer.engine.model),
+    }
+    with open(f"{run_dir}/setup-rank{runtime.rank}.json", "w") as file:
+        json.dump(facts, file)
+    del trainer
+    shutdown_runtime(runtime)
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    if sys.argv[1] == "--setup-only":
+        setup_memory(*sys.argv[2:])
+    else:
+        main(*sys.argv[1:])

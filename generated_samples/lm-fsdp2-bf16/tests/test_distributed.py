@@ -178,6 +178,24 @@ def test_every_rank_ran_what_was_rendered_and_ends_with_identical_parameters(two
     assert torch.equal(rank0, rank1)
 
 
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="reads Linux's /proc")
+def test_each_rank_allocates_its_shards_of_a_300m_model_never_all_of_it(tmp_path, scratch):
+    """The model is built on the meta device, sharded, then each rank allocates and initialises
+    its shards one parameter at a time (build.py): its peak resident memory grows by about half
+    the model's fp32 size on 2 ranks, where building it whole first would cost all of it."""
+    probe = PROJECT_ROOT / "tests" / "rank_probe.py"
+    config = PROJECT_ROOT / "configs" / "train.toml"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command += [str(probe), "--setup-only", str(config), str(tmp_path), *TEST_OVERRIDES]
+    result = run([*command, "model_size=300M"], launcher_env(scratch))
+    assert result.returncode == 0, result.stderr[-4000:]
+    for rank in (0, 1):
+        facts = json.loads((tmp_path / f"setup-rank{rank}.json").read_text())
+        assert facts["whole_fp32"] > 1.1e9, facts  # ~300M parameters
+        assert facts["stored_fraction"] == pytest.approx(0.5, abs=0.01), facts
+        assert facts["growth"] < 0.75 * facts["whole_fp32"], facts
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -27,6 +27,7 @@ import torch
 from accelerate import Accelerator
 from torch import Tensor, nn
 
+from .build import materialize
 from .config import Config
 from .runtime import Runtime
 from .state_io import atomic_save, load_trusted
@@ -74,7 +75,7 @@ class Engine:
                 f"processes, the project on {runtime.device} with {runtime.world_size}; "
                 "start one process, without a launcher"
             )
-        self.model = model.to(runtime.device)
+        self.model = materialize(model, runtime.device, config.seed)
         self.module, self.optimizer = accelerator.prepare(self.model, make_optimizer(self.model))
         # Without loss scaling, a disabled scaler saves and loads an empty state.
         self.scaler = accelerator.scaler or torch.amp.GradScaler(enabled=False)

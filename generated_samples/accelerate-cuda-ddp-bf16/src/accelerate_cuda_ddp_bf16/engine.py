@@ -31,6 +31,7 @@ import torch
 from accelerate import Accelerator
 from torch import Tensor, nn
 
+from .build import materialize
 from .config import Config
 from .runtime import Runtime
 from .state_io import atomic_save, load_trusted
@@ -87,7 +88,7 @@ class Engine:
         # compute and return it, whatever the input's layout. A CPU keeps the default layout.
         on_gpu = runtime.device.type == "cuda"
         memory_format = torch.channels_last if on_gpu else torch.preserve_format
-        self.model = model.to(runtime.device, memory_format=memory_format)
+        self.model = materialize(model, runtime.device, config.seed).to(memory_format=memory_format)
         self.module, self.optimizer = accelerator.prepare(self.model, make_optimizer(self.model))
         # Without loss scaling, a disabled scaler saves and loads an empty state.
         self.scaler = accelerator.scaler or torch.amp.GradScaler(enabled=False)

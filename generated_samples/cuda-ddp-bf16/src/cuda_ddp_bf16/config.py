@@ -21,7 +21,8 @@ class Config:
     `log_every` and `stop_after_steps` count optimizer steps (one step = `grad_accum_steps`
     micro-batches of `micro_batch_size` samples); `lr` is the peak learning rate.
     `tensorboard`, `logger`, `plot` and `profile_steps` choose what a run writes besides
-    metrics.jsonl and its checkpoints (see report.py).
+    metrics.jsonl and its checkpoints (see report.py). `activation_checkpointing` recomputes
+    each of the model's shard units in backward instead of keeping its activations (build.py).
 
     Raises:
         ValueError: a value outside its range; the message names the key.
@@ -32,6 +33,7 @@ class Config:
     num_workers: int = 0
     model_size: str = "100K"
     compile: bool = False
+    activation_checkpointing: bool = False
     grad_accum_steps: int = 1
     lr: float = 2e-3
     beta1: float = 0.9

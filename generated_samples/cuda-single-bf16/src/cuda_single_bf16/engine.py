@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from .build import materialize
 from .config import Config
 from .runtime import Runtime
 from .state_io import atomic_save, load_trusted
@@ -52,7 +53,7 @@ class Engine:
         # compute and return it, whatever the input's layout. A CPU keeps the default layout.
         on_gpu = runtime.device.type == "cuda"
         memory_format = torch.channels_last if on_gpu else torch.preserve_format
-        self.model = model.to(runtime.device, memory_format=memory_format)
+        self.model = materialize(model, runtime.device, config.seed).to(memory_format=memory_format)
         self.module = torch.compile(self.model) if config.compile else self.model
         self.optimizer = make_optimizer(self.model)
         self.scaler = torch.amp.GradScaler(runtime.device.type, enabled=GRAD_SCALER)

@@ -8,12 +8,21 @@ rest of the project needs from it (`train.py` imports nothing else from here):
   applies log-softmax itself). Start the logits near zero, so the initial loss is
   ln(NUM_CLASSES), the sanity ladder's rung 2.
 - `model.shard_units() -> list[nn.Module]`: the submodules a strategy that shards the model
-  wraps one at a time (each is gathered whole only while it runs); the blocks of the network.
+  wraps one at a time (each is gathered whole only while it runs) and activation checkpointing
+  recomputes one at a time; the blocks of the network.
+- `model.init_tensor(name, tensor, generator)`: fill `tensor`, a CPU tensor of the full shape
+  of parameter (or buffer) `name`, with its initial value, drawing only from `generator`. The
+  project builds the model on the meta device and initialises it one parameter at a time with
+  this (build.py), so a model sharded over N processes starts from the same weights as on one
+  and no process ever holds the whole model. `__init__` calls it too: a model built directly
+  is initialised.
 - No BatchNorm: batch statistics would make K accumulated micro-batches differ from one batch
   of K times the size, and couple the samples of a batch.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor, nn
@@ -41,9 +50,8 @@ class DigitsCNN(nn.Module):
         self.head = nn.Sequential(
             nn.Dropout(dropout), nn.Linear(2 * width * (height // 2) * (width_px // 2), num_classes)
         )
-        # Near-zero logits at start: initial loss = ln(num_classes), the sanity ladder's rung 2.
-        nn.init.normal_(self.head[1].weight, std=1e-3)
-        nn.init.zeros_(self.head[1].bias)
+        for name, parameter in self.named_parameters():  # nothing to fill on the meta device
+            self.init_tensor(name, parameter.data)
 
     def forward(self, images: Tensor) -> Tensor:
         return self.head(self.features(images))
@@ -51,6 +59,25 @@ class DigitsCNN(nn.Module):
     def shard_units(self) -> list[nn.Module]:
         """The conv blocks: the units a sharding strategy wraps one by one."""
         return [module for module in self.features if isinstance(module, nn.Sequential)]
+
+    def init_tensor(
+        self, name: str, tensor: Tensor, generator: torch.Generator | None = None
+    ) -> None:
+        """Fill `tensor` (parameter `name`'s full shape) in place: convolutions as PyTorch
+        initialises them (weights and biases U(-1/sqrt(fan_in), 1/sqrt(fan_in)), the bound of
+        `kaiming_uniform_` with a = sqrt(5)), GroupNorm weights 1 and biases 0, and the head
+        N(0, 1e-3) with a zero bias: near-zero logits, an initial loss of ln(10) (rung 2)."""
+        owner = self.get_submodule(name.rpartition(".")[0])
+        if isinstance(owner, nn.GroupNorm):
+            nn.init.constant_(tensor, 1.0 if name.endswith("weight") else 0.0)
+        elif owner is self.head[1]:
+            if name.endswith("bias"):
+                nn.init.zeros_(tensor)
+            else:
+                nn.init.normal_(tensor, std=1e-3, generator=generator)
+        else:
+            bound = 1 / math.sqrt(math.prod(owner.weight.shape[1:]))
+            nn.init.uniform_(tensor, -bound, bound, generator=generator)
 
 
 def _conv_block(in_channels: int, out_channels: int) -> nn.Sequential:

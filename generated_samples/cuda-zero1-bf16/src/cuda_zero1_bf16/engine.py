@@ -30,6 +30,7 @@ import deepspeed
 import torch
 from torch import Tensor, nn
 
+from .build import materialize
 from .config import Config
 from .runtime import Runtime
 
@@ -123,12 +124,12 @@ class Engine:
         if config.compile:
             raise ValueError("compile=true is not supported with DeepSpeed here; set compile=false")
         self.runtime = runtime
-        self.model = model.to(runtime.device)
-        self.optimizer = make_optimizer(self.model)
         ds_config = load_ds_config(DS_CONFIG_PATH, config)
         # DeepSpeed insists on torchrun's LOCAL_RANK even when the process group exists already
         # (a lone `python -m` run or a test creates a one-process group without torchrun).
         os.environ.setdefault("LOCAL_RANK", str(runtime.local_rank))
+        self.model = materialize(model, runtime.device, config.seed)
+        self.optimizer = make_optimizer(self.model)
         self.module, *_ = deepspeed.initialize(
             model=self.model, optimizer=self.optimizer, config=ds_config
         )

@@ -32,6 +32,7 @@ import torch
 from deepspeed.ops.adam import DeepSpeedCPUAdam
 from torch import Tensor, nn
 
+from .build import init_weights, is_on_meta
 from .config import Config
 from .runtime import Runtime
 
@@ -103,6 +104,32 @@ def load_ds_config(path: Path, config: Config) -> dict[str, Any]:
     return ds_config | filled
 
 
+def partition(
+    model: nn.Module, device: torch.device, seed: int, ds_config: dict[str, Any]
+) -> nn.Module:
+    """ZeRO-3's model without the whole of it on any process: each parameter of a model built
+    on the meta device is initialised whole on the CPU (build.py), then at once partitioned by
+    `deepspeed.zero.Init`, which keeps this rank's part in CPU memory and frees the rest
+    (deepspeed.readthedocs.io, "Constructing Massive Models"). Any other model is left for
+    `deepspeed.initialize` to partition. Returns the model."""
+    if not is_on_meta(model):
+        return model.to(device)
+
+    def store(target: Tensor, full: Tensor) -> None:
+        parameter = isinstance(target, nn.Parameter)
+        full = nn.Parameter(full.to(device), target.requires_grad) if parameter else full.to(device)
+        torch.utils.swap_tensors(target, full)  # the meta tensor becomes the whole one, in place
+        if parameter:
+            holder = nn.Module()  # zero.Init converts a module's parameters in place
+            holder.register_parameter("parameter", target)
+            deepspeed.zero.Init(
+                module=holder, config_dict_or_path=ds_config, mem_efficient_linear=False
+            )
+
+    init_weights(model, seed, store)
+    return model
+
+
 class Engine:
     """The DeepSpeed engine around the model, the optimizer it partitions, and the verbs of one
     step.
@@ -127,15 +154,15 @@ class Engine:
         if config.compile:
             raise ValueError("compile=true is not supported with DeepSpeed here; set compile=false")
         self.runtime = runtime
-        self.model = model.to(runtime.device)
-        self.optimizer = make_optimizer(self.model)
-        if isinstance(self.optimizer, torch.optim.AdamW):
-            groups = [dict(group) for group in self.optimizer.param_groups]
-            self.optimizer = DeepSpeedCPUAdam(groups, adamw_mode=True)
         ds_config = load_ds_config(DS_CONFIG_PATH, config)
         # DeepSpeed insists on torchrun's LOCAL_RANK even when the process group exists already
         # (a lone `python -m` run or a test creates a one-process group without torchrun).
         os.environ.setdefault("LOCAL_RANK", str(runtime.local_rank))
+        self.model = partition(model, runtime.device, config.seed, ds_config)
+        self.optimizer = make_optimizer(self.model)
+        if isinstance(self.optimizer, torch.optim.AdamW):
+            groups = [dict(group) for group in self.optimizer.param_groups]
+            self.optimizer = DeepSpeedCPUAdam(groups, adamw_mode=True)
         self.module, *_ = deepspeed.initialize(
             model=self.model, optimizer=self.optimizer, config=ds_config
         )

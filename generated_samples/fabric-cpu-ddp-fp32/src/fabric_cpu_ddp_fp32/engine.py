@@ -29,6 +29,7 @@ from lightning.fabric import Fabric
 from lightning.fabric.plugins import MixedPrecision, Precision
 from torch import Tensor, nn
 
+from .build import materialize
 from .config import Config
 from .runtime import Runtime
 from .state_io import atomic_save, load_trusted
@@ -92,7 +93,7 @@ class Engine:
                 f"the project on {runtime.device} with {runtime.world_size}; "
                 "launch with torchrun"
             )
-        self.model = model.to(runtime.device)
+        self.model = materialize(model, runtime.device, config.seed)
         optimizer = make_optimizer(self.model)
         # Handed a compiled module, Fabric wraps the original and compiles the wrapper again.
         compiled = torch.compile(self.model) if config.compile else self.model

@@ -22,6 +22,7 @@ Precision is data: FSDP's `MixedPrecisionPolicy` all-gathers the fp32 parameter 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,9 @@ from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
 
+from .build import materialize
 from .config import Config
 from .runtime import Runtime
 
@@ -45,9 +48,22 @@ COMPUTE_DTYPE = torch.float32
 ENGINE_FOLDER = "engine"  # the sharded model and optimizer states in a checkpoint folder
 
 
-def shard_model(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
-    """Fabric's `parallelize_fn`: shard `model` in place over the mesh's "data_parallel"
-    dimension, its shard units first. Returns `model` (now also an `FSDPModule`).
+def copy_shard(target: Tensor, full: Tensor) -> None:
+    """`build.init_weights`'s `store` under FSDP2: a sharded parameter keeps its rank's piece
+    of the full tensor, cut as `fully_shard` cut it (dim 0, in world-size chunks); anything
+    not sharded, all of it."""
+    if isinstance(target, DTensor):
+        piece = distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=None)
+        target.to_local().copy_(piece.to_local())
+    else:
+        target.copy_(full)
+
+
+def shard_model(model: nn.Module, mesh: DeviceMesh, device: torch.device, seed: int) -> nn.Module:
+    """Fabric's `parallelize_fn` (with `device` and `seed` bound): shard `model` in place over
+    the mesh's "data_parallel" dimension, its shard units first, then allocate and initialise
+    this rank's shards (build.py) while it is still on the meta device. Returns `model` (now
+    also an `FSDPModule`).
 
     Fabric's mesh is 2-D (data_parallel x tensor_parallel); handed the whole mesh,
     `fully_shard` would replicate over the first dimension and shard over the second (HSDP):
@@ -58,6 +74,7 @@ def shard_model(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
     for unit in model.shard_units():  # bottom-up: the units, then the root
         fully_shard(unit, mesh=data_parallel, mp_policy=policy)
     fully_shard(model, mesh=data_parallel, mp_policy=policy)
+    materialize(getattr(model, "_orig_mod", model), device, seed, store=copy_shard)  # compiled?
     return model
 
 
@@ -81,7 +98,7 @@ class Engine:
     ):
         self.runtime = runtime
         strategy = ModelParallelStrategy(
-            parallelize_fn=shard_model,
+            parallelize_fn=functools.partial(shard_model, device=runtime.device, seed=config.seed),
             data_parallel_size=runtime.world_size,
             tensor_parallel_size=1,
         )
@@ -99,7 +116,7 @@ class Engine:
                 f"the project on {runtime.device} with {runtime.world_size}; "
                 "launch with torchrun"
             )
-        self.model = model.to(runtime.device)
+        self.model = model  # on the meta device until `shard_model` materialises its shards
         # Fabric compiles again after sharding when handed a compiled module.
         compiled = torch.compile(self.model) if config.compile else self.model
         self.module = self.fabric.setup_module(compiled)

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from .build import materialize
 from .config import Config
 from .runtime import Runtime
 from .state_io import atomic_save, load_trusted
@@ -47,7 +48,7 @@ class Engine:
         config: Config,
     ):
         self.runtime = runtime
-        self.model = model.to(runtime.device)
+        self.model = materialize(model, runtime.device, config.seed)
         self.module = torch.compile(self.model) if config.compile else self.model
         self.optimizer = make_optimizer(self.model)
         self.scaler = torch.amp.GradScaler(runtime.device.type, enabled=GRAD_SCALER)

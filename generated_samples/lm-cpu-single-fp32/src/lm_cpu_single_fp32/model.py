@@ -8,7 +8,14 @@ rest of the project needs from it (`train.py` imports nothing else from here):
   softmax: the loss applies log-softmax itself). Start the logits near zero, so the initial
   loss is ln(NUM_CLASSES), the sanity ladder's rung 2.
 - `model.shard_units() -> list[nn.Module]`: the submodules a strategy that shards the model
-  wraps one at a time (each is gathered whole only while it runs); the transformer blocks.
+  wraps one at a time (each is gathered whole only while it runs) and activation checkpointing
+  recomputes one at a time; the transformer blocks.
+- `model.init_tensor(name, tensor, generator)`: fill `tensor`, a CPU tensor of the full shape
+  of parameter (or buffer) `name`, with its initial value, drawing only from `generator`. The
+  project builds the model on the meta device and initialises it one parameter at a time with
+  this (build.py), so a model sharded over N processes starts from the same weights as on one
+  and no process ever holds the whole model. `__init__` calls it too: a model built directly
+  is initialised.
 - No BatchNorm: batch statistics would make K accumulated micro-batches differ from one batch
   of K times the size, and couple the samples of a batch.
 """
@@ -71,13 +78,8 @@ class ByteGPT(nn.Module):
         self.blocks = nn.ModuleList(Block(width, dropout) for _ in range(depth))
         self.ln_final = nn.LayerNorm(width)
         self.head = nn.Linear(width, NUM_CLASSES, bias=False)
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, std=0.02)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)
-        # Near-zero logits at start: initial loss = ln(256), the sanity ladder's rung 2.
-        nn.init.normal_(self.head.weight, std=1e-3)
+        for name, parameter in self.named_parameters():  # nothing to fill on the meta device
+            self.init_tensor(name, parameter.data)
 
     def forward(self, tokens: Tensor) -> Tensor:
         positions = torch.arange(tokens.shape[1], device=tokens.device)
@@ -89,6 +91,21 @@ class ByteGPT(nn.Module):
     def shard_units(self) -> list[nn.Module]:
         """The transformer blocks: the units a sharding strategy wraps one by one."""
         return list(self.blocks)
+
+    def init_tensor(
+        self, name: str, tensor: Tensor, generator: torch.Generator | None = None
+    ) -> None:
+        """Fill `tensor` (parameter `name`'s full shape) in place: N(0, 0.02) for linear and
+        embedding weights (GPT-2's), zero biases, LayerNorm weights 1 and biases 0, and
+        N(0, 1e-3) for the head: near-zero logits, an initial loss of ln(256) (rung 2)."""
+        owner = self.get_submodule(name.rpartition(".")[0])
+        if isinstance(owner, nn.LayerNorm):
+            nn.init.constant_(tensor, 1.0 if name.endswith("weight") else 0.0)
+        elif name.endswith("bias"):
+            nn.init.zeros_(tensor)
+        else:
+            std = 1e-3 if owner is self.head else 0.02
+            nn.init.normal_(tensor, std=std, generator=generator)
 
 
 def count_parameters(model: nn.Module) -> int:

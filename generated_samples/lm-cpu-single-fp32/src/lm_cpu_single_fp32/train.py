@@ -17,12 +17,12 @@ import torch
 from torch import Tensor
 from torch.optim.lr_scheduler import LRScheduler
 
+from .build import build_on_meta
 from .checkpoint import CheckpointManager
 from .config import Config, parse_command_line
 from .data import build_datasets
 from .engine import Engine
 from .loader import TimedIterator, make_eval_loader, make_train_loader
-from .model import build_model
 from .optim import build_optimizer, build_scheduler
 from .progress import TrainState
 from .report import RunLog
@@ -72,12 +72,12 @@ class Trainer:
     """Builds every component of a run from a Config; `fit` trains, validates and checkpoints."""
 
     def __init__(self, config: Config, runtime: Runtime, resume: bool = False):
-        seed_everything(config.seed)  # the same initial weights on every rank
+        seed_everything(config.seed)  # the same split and first shuffle on every rank
         self.config, self.runtime = config, runtime
         train_set, val_set = build_datasets(config)
         self.train_loader = make_train_loader(train_set, config, runtime)
         self.val_loader = make_eval_loader(val_set, config, runtime)
-        model = build_model(config)
+        model = build_on_meta(config)  # shapes only: the engine materialises the weights
         self.log = RunLog(config, runtime, sum(p.numel() for p in model.parameters()))
         seed_everything(config.seed + runtime.rank)  # from here on, per-rank dropout streams
         self.engine = Engine(model, lambda module: build_optimizer(module, config), runtime, config)

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from .build import materialize
 from .config import Config
 from .runtime import Runtime
 from .state_io import atomic_save, load_trusted
@@ -58,7 +59,7 @@ class Engine:
         config: Config,
     ):
         self.runtime = runtime
-        self.model = model.to(runtime.device)
+        self.model = materialize(model, runtime.device, config.seed)
         device_ids = [runtime.local_rank] if runtime.device.type == "cuda" else None
         self.ddp = DistributedDataParallel(
             self.model, device_ids=device_ids, gradient_as_bucket_view=True

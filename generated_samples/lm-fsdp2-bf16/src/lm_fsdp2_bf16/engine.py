@@ -8,7 +8,8 @@ Each rank stores 1/world_size of every parameter, gradient and optimizer state (
 Each of `model.shard_units()` is sharded first, then the root takes what is left, so one unit's
 full parameters are all-gathered at a time in forward and backward, and its gradients are
 reduce-scattered as soon as its backward ends (pytorch.org/docs/stable/distributed.fsdp.
-fully_shard.html).
+fully_shard.html). The model arrives on the meta device and is sharded there: each rank then
+allocates and initialises its shards alone (build.py), never the whole model.
 
 Precision is data: FSDP's `MixedPrecisionPolicy` all-gathers the fp32 parameter shards cast to
 `COMPUTE_DTYPE`, so every op computes in it without autocast; gradients are reduce-scattered in
@@ -32,7 +33,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
 
+from .build import materialize
 from .config import Config
 from .runtime import Runtime
 
@@ -40,6 +43,17 @@ STRATEGY = "fsdp2"
 PRECISION = "bf16"
 FRAMEWORK = "plain PyTorch"  # what runs the step, as the run summary names it
 COMPUTE_DTYPE = torch.bfloat16
+
+
+def copy_shard(target: Tensor, full: Tensor) -> None:
+    """`build.init_weights`'s `store` under FSDP2: a sharded parameter keeps its rank's piece
+    of the full tensor, cut as `fully_shard` cut it (dim 0, in world-size chunks); anything
+    not sharded, all of it."""
+    if isinstance(target, DTensor):
+        piece = distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=None)
+        target.to_local().copy_(piece.to_local())
+    else:
+        target.copy_(full)
 
 
 class Engine:
@@ -58,12 +72,12 @@ class Engine:
         config: Config,
     ):
         self.runtime = runtime
-        self.model = model.to(runtime.device)
         mesh = init_device_mesh(runtime.device.type, (runtime.world_size,))
         policy = MixedPrecisionPolicy(param_dtype=COMPUTE_DTYPE, reduce_dtype=torch.float32)
-        for unit in self.model.shard_units():  # bottom-up: the units, then the root
+        for unit in model.shard_units():  # bottom-up: the units, then the root
             fully_shard(unit, mesh=mesh, mp_policy=policy)
-        fully_shard(self.model, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+        self.model = materialize(model, runtime.device, config.seed, store=copy_shard)
         self.optimizer = make_optimizer(self.model)  # after sharding: it must hold the shards
         self.module = torch.compile(self.model) if config.compile else self.model
 

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from .build import materialize
 from .config import Config
 from .runtime import Runtime
 from .state_io import atomic_save, load_trusted
@@ -63,7 +64,7 @@ class Engine:
         # compute and return it, whatever the input's layout. A CPU keeps the default layout.
         on_gpu = runtime.device.type == "cuda"
         memory_format = torch.channels_last if on_gpu else torch.preserve_format
-        self.model = model.to(runtime.device, memory_format=memory_format)
+        self.model = materialize(model, runtime.device, config.seed).to(memory_format=memory_format)
         device_ids = [runtime.local_rank] if runtime.device.type == "cuda" else None
         self.ddp = DistributedDataParallel(
             self.model, device_ids=device_ids, gradient_as_bucket_view=True

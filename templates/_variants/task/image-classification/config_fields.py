@@ -4,9 +4,9 @@
     augment: bool = True
     dropout: float = 0.1
     epochs: int = 30
-    micro_batch_size: int = 64
+    micro_batch_size: int = {{ plan.micro_batch_size.python }}
     min_lr_ratio: float = 0.05
-    warmup_steps: int = 40
+    warmup_steps: int = {{ plan.warmup_steps.python }}
     weight_decay: float = 0.05
     early_stop_patience: int = 5
     task_positive_keys: ClassVar[tuple[str, ...]] = ()

@@ -2,13 +2,13 @@
     run_dir: str = "runs/stdlib-lm"
     val_fraction: float = 0.1
     text_path: str = ""
-    corpus_bytes: int = 300_000
-    block_size: int = 64
+    corpus_bytes: int = {{ plan.corpus_bytes.python }}
+    block_size: int = {{ plan.block_size.python }}
     dropout: float = 0.0
     epochs: int = 4
-    micro_batch_size: int = 32
+    micro_batch_size: int = {{ plan.micro_batch_size.python }}
     min_lr_ratio: float = 0.1
-    warmup_steps: int = 50
+    warmup_steps: int = {{ plan.warmup_steps.python }}
     weight_decay: float = 0.1
     early_stop_patience: int = 3
     task_positive_keys: ClassVar[tuple[str, ...]] = ("block_size", "corpus_bytes")

@@ -1,5 +1,9 @@
 # A smaller corpus, context and decoder than the example's: the ladder checks the machinery,
-# and CPUs without native 16-bit matrix units run low-precision matmuls many times slower.
+# and CPUs without native 16-bit matrix units run low-precision matmuls many times slower. The
+# batch, learning rate and schedule are the example's own, whatever the planner chose for the
+# model size this project was rendered at.
 TEST_SETTINGS: dict[str, object] = {"corpus_bytes": 30_000, "block_size": 32, "model_size": "30K"}
+TEST_SETTINGS |= {"micro_batch_size": 32, "grad_accum_steps": 1, "lr": 2e-3, "warmup_steps": 50}
+TEST_SETTINGS |= {"activation_checkpointing": False}
 # Ranks draw their own dropout: off where runs of 1 and 2 processes compare.
 RANDOMNESS_OFF = ["dropout=0.0"]

@@ -1,0 +1,1 @@
+"""mps-single-fp32: image classification training project rendered by scaffold."""

@@ -1,0 +1,192 @@
+"""Atomic checkpoints of registered components: `step-<N>/` folders, `last`, `best`, keep-N.
+
+A checkpoint is the folder `step-<N>/` (N = optimizer steps): the engine's files (model and
+optimizer state, as the strategy keeps them), `trainer.pt` (the state of every registered
+component, each rank's own states and the config) and, written last, `COMPLETE`. It is written
+as `.step-<N>.partial/` and renamed once whole, and only folders with the marker are loaded, so
+a job killed mid-save never leaves a checkpoint that looks valid. `last` and `best` are one-line
+files naming a step folder; pruning keeps the newest `keep_last` folders and the two named.
+Every file loads with `torch.load(path, weights_only=True)`: no pickled code runs on load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from safetensors.torch import save_file
+
+from .config import Config
+from .runtime import Runtime, barrier, gather_objects
+from .state_io import atomic_save, atomic_write, atomic_write_text, fsync_dir, load_trusted
+
+TRAINER_FILE = "trainer.pt"
+WEIGHTS_FILE = "model.safetensors"
+COMPLETE_MARKER = "COMPLETE"
+TRAINER_KEYS = ("components", "ranks", "config")
+
+
+class Stateful(Protocol):
+    """A component whose state a checkpoint holds (scheduler, loop progress, RNG states...)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class EngineState(Protocol):
+    """The engine: writes and reads its own files in a checkpoint folder (collectives)."""
+
+    def save(self, folder: Path) -> None: ...
+
+    def load(self, folder: Path) -> None: ...
+
+    def full_state_dict(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A complete checkpoint folder and its `trainer.pt` state; `fallback` is True when it is
+    not the folder `last` names (that one was missing or damaged)."""
+
+    folder: Path
+    state: dict[str, Any]
+    fallback: bool
+
+
+def standalone(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` on the CPU in storage of its own: safetensors refuses views into a shared
+    buffer, and some wrappers keep every parameter in one flat buffer."""
+    tensor = tensor.detach().cpu().contiguous()
+    whole = tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+    return tensor if whole else tensor.clone()
+
+
+def _save_readable(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
+    save_file(tensors, path, metadata=metadata)
+    path.chmod(0o644)  # safetensors creates the file owner-only, unlike every other file here
+
+
+def step_folders(directory: Path) -> list[Path]:
+    """Step checkpoint folders in `directory`, complete or not, oldest first."""
+    return sorted(path for path in directory.glob("step-*") if path.is_dir())
+
+
+def _pointed(directory: Path, pointer: str) -> Path | None:
+    path = directory / pointer
+    return directory / path.read_text().strip() if path.is_file() else None
+
+
+def find_latest(directory: Path) -> Checkpoint | None:
+    """The newest complete checkpoint whose `trainer.pt` loads, or None if there is none.
+
+    Tries the folder `last` names, then step folders newest first.
+    """
+    last = _pointed(directory, "last")
+    for folder in [last, *reversed(step_folders(directory))]:
+        if folder is None or not (folder / COMPLETE_MARKER).is_file():
+            continue
+        state = load_trusted(folder / TRAINER_FILE, TRAINER_KEYS)
+        if state is not None:
+            return Checkpoint(folder, state, fallback=folder != last)
+    return None
+
+
+class CheckpointManager:
+    """Saves and restores the engine and the registered components of one run, in
+    `<run_dir>/checkpoints/`, keeping the newest `keep_last` step folders.
+
+    `components` have one state for the whole run (saved from the main process);
+    `rank_components` have one per rank (gathered, and given back to the same rank). `save` and
+    `restore` are collectives: every process calls them.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        runtime: Runtime,
+        engine: EngineState,
+        components: dict[str, Stateful],
+        rank_components: dict[str, Stateful],
+    ):
+        self.directory = Path(config.run_dir) / "checkpoints"
+        self.keep_last = config.keep_last
+        self.runtime = runtime
+        self.engine = engine
+        self.components = components
+        self.rank_components = rank_components
+        self.config = config
+
+    def has_checkpoints(self) -> bool:
+        """True if the checkpoint folder holds anything, loadable or not."""
+        return self.directory.is_dir() and any(self.directory.iterdir())
+
+    def latest(self) -> Checkpoint | None:
+        """See `find_latest`."""
+        return find_latest(self.directory)
+
+    def due(self, step: int) -> bool:
+        """True when `checkpoint_every` (> 0) divides `step`: a periodic mid-epoch checkpoint."""
+        every = self.config.checkpoint_every
+        return every > 0 and step % every == 0
+
+    def save(self, step: int, is_best: bool) -> None:
+        """Write checkpoint `step-<step>/`; `is_best` also points `best` at it."""
+        name = f"step-{step:08d}"
+        partial = self.directory / f".{name}.partial"
+        if self.runtime.is_main:
+            shutil.rmtree(partial, ignore_errors=True)  # what a killed save left behind
+            partial.mkdir(parents=True)
+        barrier(self.runtime)
+        self.engine.save(partial)  # returns once every rank has written its part
+        mine = {key: component.state_dict() for key, component in self.rank_components.items()}
+        ranks = gather_objects(mine, self.runtime)
+        if self.runtime.is_main:
+            shared = {key: component.state_dict() for key, component in self.components.items()}
+            state = {"components": shared, "ranks": ranks, "config": self.config.to_dict()}
+            atomic_save(state, partial / TRAINER_FILE)
+            atomic_write_text(name + "\n", partial / COMPLETE_MARKER)
+            final = self.directory / name
+            shutil.rmtree(final, ignore_errors=True)  # the same step saved again after a resume
+            os.replace(partial, final)
+            fsync_dir(self.directory)
+            atomic_write_text(name + "\n", self.directory / "last")
+            if is_best:
+                atomic_write_text(name + "\n", self.directory / "best")
+            self._prune()
+        barrier(self.runtime)
+
+    def restore(self, checkpoint: Checkpoint) -> None:
+        """Load `checkpoint` into the engine first (model, then optimizer), then the components,
+        then this rank's own states."""
+        self.engine.load(checkpoint.folder)
+        for key, component in self.components.items():
+            component.load_state_dict(checkpoint.state["components"][key])
+        mine = checkpoint.state["ranks"][self.runtime.rank]
+        for key, component in self.rank_components.items():
+            component.load_state_dict(mine[key])
+
+    def export_weights(self) -> Path:
+        """Write the engine's full model state dict to `<run_dir>/model.safetensors` (a
+        collective; the main process writes), with the resolved config as JSON in the file's
+        metadata (`"config"`). Keys carry no wrapper prefixes; `safetensors.torch.load_file`
+        gives a dict that loads into the bare model with `strict=True`. Returns the path."""
+        path = self.directory.parent / WEIGHTS_FILE
+        state = self.engine.full_state_dict()
+        if self.runtime.is_main:
+            tensors = {key: standalone(tensor) for key, tensor in state.items()}
+            metadata = {"config": json.dumps(self.config.to_dict())}
+            atomic_write(path, lambda tmp: _save_readable(tensors, tmp, metadata))
+        return path
+
+    def _prune(self) -> None:
+        keep = {_pointed(self.directory, "last"), _pointed(self.directory, "best")}
+        folders = step_folders(self.directory)
+        for stale in folders[: max(0, len(folders) - self.keep_last)]:
+            if stale not in keep:
+                shutil.rmtree(stale)

@@ -1,0 +1,114 @@
+"""Seeded, resumable DataLoaders over datasets that read a whole batch per `dataset[indices]`."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import BatchSampler, DataLoader, Dataset
+
+from .config import Config
+from .runtime import (
+    WORKER_CONTEXT,
+    Runtime,
+    eval_sampler,
+    set_sampler_epoch,
+    train_sampler,
+)
+
+
+def seed_worker(worker_id: int) -> None:
+    """`worker_init_fn`: seed numpy and `random` from this worker's torch seed.
+
+    DataLoader seeds each worker's torch RNG with `base_seed + worker_id`, and draws `base_seed`
+    from the loader's generator at every `iter()`, so streams differ per worker and per epoch.
+    Seeding numpy and `random` from it keeps random transforms written with them just as distinct
+    (pytorch.org/docs/stable/notes/randomness.html#dataloader).
+    """
+    worker_seed = torch.initial_seed() % 2**32
+    np.random.seed(worker_seed)
+    random.seed(worker_seed)
+
+
+def make_train_loader(dataset: Dataset, config: Config, runtime: Runtime) -> DataLoader:
+    """Shuffled loader of this process's `micro_batch_size` batches (last partial one dropped).
+
+    One `torch.Generator` seeded with `config.seed + rank` drives the workers' base seeds, so
+    ranks draw different random streams (and the shuffle, unless the runtime's sampler shuffles
+    by seed and epoch, the same on every rank); `epoch_iterator` restores it to replay an epoch
+    exactly. Workers are not persistent: a persistent worker's RNG would carry over epochs and
+    could not be replayed. Batches are pinned for asynchronous copies to a GPU.
+
+    Raises:
+        ValueError: not one whole batch per process (`micro_batch_size` too large).
+    """
+    generator = torch.Generator().manual_seed(config.seed + runtime.rank)
+    sampler = BatchSampler(
+        train_sampler(dataset, config.seed, generator), config.micro_batch_size, drop_last=True
+    )
+    if len(sampler) == 0:
+        raise ValueError(
+            f"micro_batch_size={config.micro_batch_size} exceeds the {len(dataset)} training "
+            "samples of a process; lower micro_batch_size"
+        )
+    return DataLoader(
+        dataset,
+        sampler=sampler,
+        batch_size=None,  # the sampler yields whole batches; the dataset reads them at once
+        num_workers=config.num_workers,
+        worker_init_fn=seed_worker,
+        generator=generator,
+        pin_memory=runtime.device.type == "cuda",
+        multiprocessing_context=WORKER_CONTEXT if config.num_workers > 0 else None,
+    )
+
+
+def make_eval_loader(dataset: Dataset, config: Config, runtime: Runtime) -> DataLoader:
+    """Validation loader: this process's share, each sample once (the last batch may be smaller).
+
+    Raises:
+        ValueError: the validation split is empty.
+    """
+    if len(dataset) == 0:
+        raise ValueError("the validation split is empty; raise val_fraction or the data size")
+    sampler = BatchSampler(eval_sampler(dataset), config.micro_batch_size, drop_last=False)
+    return DataLoader(
+        dataset, sampler=sampler, batch_size=None, pin_memory=runtime.device.type == "cuda"
+    )
+
+
+def epoch_iterator(loader: DataLoader, epoch: int, generator_state: Tensor, skip: int) -> Iterator:
+    """Start `epoch` from the loader generator's state at that epoch's start; skip `skip` batches.
+
+    Skipping reads the batches (not just offsets the sampler), so workers' random streams are
+    replayed too and the next batch is bitwise the one the interrupted run would have read.
+    """
+    set_sampler_epoch(loader.sampler.sampler, epoch)
+    loader.generator.set_state(generator_state)
+    iterator = iter(loader)
+    for _ in range(skip):
+        next(iterator)
+    return iterator
+
+
+class TimedIterator:
+    """Wraps an iterator and adds the seconds spent waiting in `next()` to `self.seconds`."""
+
+    def __init__(self, iterator: Iterator):
+        self.iterator = iterator
+        self.seconds = 0.0
+
+    def __iter__(self) -> TimedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        start = time.perf_counter()
+        try:
+            return next(self.iterator)
+        finally:
+            self.seconds += time.perf_counter() - start

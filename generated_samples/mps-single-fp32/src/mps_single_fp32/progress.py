@@ -1,0 +1,76 @@
+"""Where a run is: the loop position a checkpoint records, and early stopping on validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import MONITOR_MODES, Config
+
+
+@dataclass
+class TrainState:
+    """The loop's position and history; everything a resume needs besides model and optimizer.
+
+    `step` counts optimizer steps, `batch_in_epoch` micro-batches already consumed in `epoch`
+    (0-based); epochs in `history` and `best_epoch` count from 1, as the logs and bar do.
+    """
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    best_value: float = math.nan
+    best_step: int = -1
+    best_epoch: int = -1
+    epochs_without_improvement: int = 0
+    initial_loss: float = math.nan  # loss of step 1, for the sanity line of the summary
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain types only, so `torch.load(weights_only=True)` reads it back."""
+        return dataclasses.asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take every field from a `state_dict` result."""
+        for field_ in dataclasses.fields(self):
+            setattr(self, field_.name, state[field_.name])
+
+    def early_stopped(self, patience: int) -> bool:
+        """True once `patience` (> 0) validations in a row have not improved on the best."""
+        return 0 < patience <= self.epochs_without_improvement
+
+    def finished(self, config: Config) -> bool:
+        """True once the run is over: all `epochs` done, stopped early, or `stop_after_steps`
+        (> 0) optimizer steps taken."""
+        stop_after = config.stop_after_steps
+        return (
+            self.epoch >= config.epochs
+            or self.early_stopped(config.early_stop_patience)
+            or 0 < stop_after <= self.step
+        )
+
+    def advance(self, micro_batches: int) -> None:
+        """Count one optimizer step that consumed `micro_batches` micro-batches."""
+        self.step += 1
+        self.batch_in_epoch += micro_batches
+
+    def end_epoch(self) -> None:
+        """Move to the next epoch's first batch."""
+        self.epoch += 1
+        self.batch_in_epoch = 0
+
+    def record_validation(self, metrics: dict[str, float], monitor: str) -> bool:
+        """Append `metrics` to the history; return True when `monitor` improved on the best."""
+        self.history.append({"epoch": self.epoch + 1, "step": self.step, **metrics})
+        value = metrics[monitor]
+        better = (
+            value < self.best_value if MONITOR_MODES[monitor] == "min" else value > self.best_value
+        )
+        if math.isnan(self.best_value) or better:
+            self.best_value, self.best_step, self.best_epoch = value, self.step, self.epoch + 1
+            self.epochs_without_improvement = 0
+            return True
+        self.epochs_without_improvement += 1
+        return False

@@ -1,0 +1,148 @@
+"""What a resume needs besides the model and optimizer: RNG states, the exact data position,
+and the settings a checkpoint fixes.
+
+A resumed run replays the interrupted epoch from the loader generator's state at that epoch's
+start, skipping the batches already trained on, then restores the RNG states saved with the
+checkpoint: the next batch, its random transforms and the dropout masks are bitwise the ones the
+interrupted run would have drawn.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from .checkpoint import Checkpoint, CheckpointManager
+from .config import Config
+from .loader import epoch_iterator
+from .runtime import Runtime
+
+# Settings a resume must share with the checkpoint: they fix the data order, the model's shape,
+# and the optimizer and LR schedule that the checkpoint restores (a changed lr or epochs would
+# be recorded but not applied). To change them, start a new run_dir from the saved weights.
+RESUME_INVARIANTS = ("seed", "model_size", "micro_batch_size", "grad_accum_steps", "val_fraction")
+RESUME_INVARIANTS += ("epochs", "lr", "min_lr_ratio", "warmup_steps", "weight_decay")
+RESUME_INVARIANTS += ("beta1", "beta2")
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, numpy and torch (CPU and every CUDA device)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """torch (CPU and every CUDA device), numpy and Python `random` states as loadable values.
+
+    numpy's state tuple holds an ndarray, which `weights_only=True` refuses: stored as a list.
+    """
+    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": [kind, keys.tolist(), pos, has_gauss, cached_gaussian],
+        "python": random.getstate(),
+    }
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of `capture_rng_state`."""
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    kind, keys, pos, has_gauss, cached_gaussian = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+
+
+class DataPosition:
+    """This rank's RNG states and the train loader's generator state at the current epoch's
+    start: a checkpoint component of its own on every rank (ranks draw differently)."""
+
+    def __init__(self, loader: DataLoader):
+        self.loader = loader
+        self.epoch_start_state = loader.generator.get_state()
+        self.pending_rng: dict[str, Any] | None = None
+
+    def begin_epoch(self, epoch: int, skip: int) -> Iterator:
+        """The batches of `epoch` after the first `skip` (micro-batches already trained on)."""
+        iterator = epoch_iterator(self.loader, epoch, self.epoch_start_state, skip)
+        if self.pending_rng is not None:  # after the replay, so replayed reads shift no stream
+            restore_rng_state(self.pending_rng)
+            self.pending_rng = None
+        return iterator
+
+    def end_epoch(self) -> None:
+        """Record where the next epoch starts."""
+        self.epoch_start_state = self.loader.generator.get_state()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The live RNG states and the generator state at the epoch's start."""
+        return {"rng": capture_rng_state(), "loader_generator": self.epoch_start_state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take a saved position; the RNG states come back once the epoch is replayed."""
+        self.epoch_start_state = state["loader_generator"]
+        self.pending_rng = state["rng"]
+
+
+def check_resumable(checkpoint: Checkpoint, config: Config, world_size: int) -> None:
+    """Refuse a checkpoint this run cannot continue exactly.
+
+    Raises:
+        ValueError: another process count, or a changed `RESUME_INVARIANTS` setting.
+    """
+    saved_world = len(checkpoint.state["ranks"])
+    if saved_world != world_size:
+        raise ValueError(
+            f"cannot resume {saved_world}-process checkpoints with {world_size} processes; "
+            "launch as many as the checkpoint had"
+        )
+    saved = checkpoint.state["config"]
+    changed = [key for key in RESUME_INVARIANTS if saved[key] != getattr(config, key)]
+    if changed:
+        was = ", ".join(f"{key}={saved[key]}" for key in changed)
+        raise ValueError(
+            f"cannot resume with changed {', '.join(changed)} (the checkpoint has {was}); "
+            "use the checkpoint's values or pass run_dir=NEW"
+        )
+
+
+def start_or_resume(
+    checkpoints: CheckpointManager, config: Config, runtime: Runtime, resume: bool
+) -> str | None:
+    """With `resume`, restore the latest complete checkpoint and return its folder (None when
+    there is none yet); without, check the run folder is free to start in.
+
+    Raises:
+        ValueError: starting over in a folder that holds a run (it would mix two runs);
+            resuming where checkpoints exist but none loads, or `check_resumable` refuses.
+    """
+    if not resume:
+        if checkpoints.has_checkpoints():
+            raise ValueError(
+                f"{config.run_dir} already holds a run; pass --resume to continue it "
+                "or run_dir=NEW to start another"
+            )
+        return None
+    latest = checkpoints.latest()
+    if latest is None:
+        if checkpoints.has_checkpoints():
+            raise ValueError(
+                f"no checkpoint in {checkpoints.directory} loads (all damaged); "
+                "move the folder away or pass run_dir=NEW"
+            )
+        runtime.notice(f"no checkpoint in {checkpoints.directory} yet; starting at step 0")
+        return None
+    check_resumable(latest, config, runtime.world_size)
+    if latest.fallback:
+        runtime.notice(f"the last checkpoint did not load; resuming from {latest.folder}")
+    checkpoints.restore(latest)
+    return str(latest.folder)

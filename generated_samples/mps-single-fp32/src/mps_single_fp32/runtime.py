@@ -1,0 +1,101 @@
+"""Where this run executes: one process on one device.
+
+Every project's `runtime.py` exports the same names (`Runtime`, `init_runtime`, reductions,
+samplers, `barrier`, `shutdown_runtime`), so `train.py` reads the same for any process count.
+With one process, reductions return their input and there is nothing to wait for.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset, RandomSampler, Sampler, SequentialSampler
+
+# DataLoader workers start the platform's default way (a plain fork on Linux, the quickest):
+# without a process group there are no communication threads whose locks a fork could copy.
+WORKER_CONTEXT = None
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """This process: its device, rank (always 0) and the world size (always 1)."""
+
+    device: torch.device
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        """True on the process that logs, prints and writes checkpoints (rank 0)."""
+        return self.rank == 0
+
+    def notice(self, message: str) -> None:
+        """One line on stderr from the main process."""
+        if self.is_main:
+            print(message, file=sys.stderr)
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` -> cuda if available, else cpu; `cpu`, `cuda`, `cuda:N` or `mps` as named.
+
+    Raises:
+        ValueError: an unknown device, or one this machine does not have.
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    kind = name.split(":")[0]
+    available = {"cpu": True, "cuda": torch.cuda.is_available()}
+    available["mps"] = torch.backends.mps.is_available()
+    if not available.get(kind, False):
+        raise ValueError(f"device={name} is not available here; use device=auto or device=cpu")
+    device = torch.device(name)
+    return torch.device("cuda", torch.cuda.current_device()) if name == "cuda" else device
+
+
+def init_runtime(device: str) -> Runtime:
+    """Pick the device (see `resolve_device`) for this single process.
+
+    Raises:
+        ValueError: the device is unknown or not on this machine.
+    """
+    resolved = resolve_device(device)
+    if resolved.type == "cuda":
+        torch.cuda.set_device(resolved)
+    return Runtime(resolved)
+
+
+def all_reduce_sum(tensor: Tensor, runtime: Runtime) -> Tensor:
+    """Sum `tensor` over all processes: with one process, `tensor` itself."""
+    return tensor
+
+
+def gather_objects(obj: Any, runtime: Runtime) -> list[Any]:
+    """Every process's `obj`, indexed by rank: `[obj]` with one process."""
+    return [obj]
+
+
+def train_sampler(dataset: Dataset, seed: int, generator: torch.Generator) -> Sampler:
+    """Shuffled sample indices drawn from `generator` (whose state a resume restores); `seed`
+    already seeded it."""
+    return RandomSampler(dataset, generator=generator)
+
+
+def eval_sampler(dataset: Dataset) -> Sampler:
+    """Every sample once, in order."""
+    return SequentialSampler(dataset)
+
+
+def set_sampler_epoch(sampler: Sampler, epoch: int) -> None:
+    """Nothing to do: the shuffle of each epoch comes from the loader's generator alone."""
+
+
+def barrier(runtime: Runtime) -> None:
+    """Wait for every process: there is no other to wait for."""
+
+
+def shutdown_runtime(runtime: Runtime) -> None:
+    """Release what `init_runtime` took: a single process holds no process group."""

@@ -1,0 +1,67 @@
+"""Durable writes and trusted loads: what checkpoints and exported weights build on.
+
+A file is written to a temporary sibling, fsynced, then renamed over its name with
+`os.replace`, so a job killed mid-write leaves the previous file intact. Every saved value is a
+tensor, number, string, list or dict, so `torch.load(path, weights_only=True)` loads it: no
+pickled code runs on load.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def atomic_save(obj: Any, path: Path) -> None:
+    """`torch.save` to a temporary sibling, fsync it, rename it over `path`, fsync the folder."""
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
+
+
+def atomic_write_text(text: str, path: Path) -> None:
+    """Replace `path` with `text` (UTF-8) the same way as `atomic_save`."""
+    atomic_write(path, lambda tmp: tmp.write_bytes(text.encode()))
+
+
+def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
+    """Call `write(tmp)` to fill a temporary sibling of `path`, then fsync it and rename it over
+    `path` (the way `atomic_save` does) for writers that take a file name (safetensors,
+    matplotlib)."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        write(tmp)
+        descriptor = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename or new entry in `directory` survive a power loss."""
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def load_trusted(path: Path, keys: tuple[str, ...]) -> dict[str, Any] | None:
+    """`path` loaded onto the CPU with `weights_only=True` if it loads and holds every key of
+    `keys`, else None (a truncated, foreign or missing file).
+
+    Always the CPU: RNG states must come back as CPU byte tensors (a CUDA copy is refused on
+    resume), and `load_state_dict` copies weights and moments onto their parameters' devices.
+    """
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # a torn write or a foreign file: the caller tries the next candidate
+        return None
+    return state if isinstance(state, dict) and all(key in state for key in keys) else None

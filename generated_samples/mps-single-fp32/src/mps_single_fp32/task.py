@@ -1,0 +1,42 @@
+"""The task: image classification. The loss and validation metrics of a batch of logits, and
+the throughput line of the run summary."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .data import NUM_CLASSES
+
+EXPECTED_INITIAL_LOSS = math.log(NUM_CLASSES)  # a uniform prediction's cross-entropy
+
+
+def loss_fn(logits: Tensor, targets: Tensor) -> Tensor:
+    """Mean cross-entropy of raw logits `[B, C]` against int64 class ids `[B]` (a 0-dim tensor,
+    computed in fp32 whatever the logits' dtype)."""
+    return F.cross_entropy(logits.float(), targets)
+
+
+def eval_sums(logits: Tensor, targets: Tensor) -> Tensor:
+    """Per-batch sums `[loss_sum, correct, count]` (float64), to be summed over batches and ranks.
+
+    Sums, not means, so that batches (and ranks) of different sizes weigh by their sample count.
+    """
+    loss_sum = F.cross_entropy(logits.float(), targets, reduction="sum")
+    correct = (logits.argmax(dim=-1) == targets).sum()
+    count = torch.tensor(float(len(targets)), device=logits.device)
+    return torch.stack([loss_sum.double(), correct.double(), count.double()])
+
+
+def throughput(summary: dict[str, Any]) -> dict[str, float]:
+    """The summary's rates: images per second of training time (validation excluded)."""
+    return {"samples_per_second": summary["samples"] / max(summary["train_seconds"], 1e-9)}
+
+
+def describe_throughput(summary: dict[str, Any]) -> str:
+    """The rates of `throughput` as the summary's Throughput line shows them."""
+    return f"{summary['samples_per_second']:,.0f} images/s"

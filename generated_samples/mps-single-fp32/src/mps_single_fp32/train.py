@@ -1,0 +1,150 @@
+"""Train: `python -m mps_single_fp32.train [--resume] [--config PATH] [key=value ...]`.
+
+One optimizer step, in the order of PyTorch's AMP recipe: zero_grad -> per micro-batch:
+autocast(forward + loss), backward(loss / micro-batches) -> unscale -> clip -> step ->
+scheduler.step(). Validation runs every epoch under eval() + inference_mode(), its metrics
+summed over every rank's samples.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.optim.lr_scheduler import LRScheduler
+
+from .build import build_on_meta
+from .checkpoint import CheckpointManager
+from .config import Config, parse_command_line
+from .data import build_datasets
+from .engine import Engine
+from .loader import TimedIterator, make_eval_loader, make_train_loader
+from .optim import build_optimizer, build_scheduler
+from .progress import TrainState
+from .report import RunLog
+from .resume import DataPosition, seed_everything, start_or_resume
+from .runtime import Runtime, all_reduce_sum, init_runtime, shutdown_runtime
+from .task import eval_sums, loss_fn
+
+
+def train_step(
+    engine: Engine, scheduler: LRScheduler, micro_batches: Iterable, count: int, max_norm: float
+) -> tuple[Tensor, Tensor]:
+    """One optimizer step over the next `count` micro-batches, each loss divided by `count`
+    (gradient accumulation: the gradient of one batch of all their samples). Returns (mean
+    loss, pre-clip gradient norm), 0-dim tensors left on the device: `.item()` when logging."""
+    device = engine.runtime.device
+    engine.zero_grad()
+    total_loss = torch.zeros((), device=device)
+    for index, (inputs, targets) in enumerate(itertools.islice(micro_batches, count)):
+        inputs = inputs.to(device, non_blocking=True)
+        targets = targets.to(device, non_blocking=True)
+        with engine.micro_step(last=index == count - 1):
+            with engine.autocast():
+                loss = loss_fn(engine.module(inputs), targets)
+            engine.backward(loss / count)
+        total_loss += loss.detach()
+    grad_norm = engine.clip_and_step(max_norm)
+    scheduler.step()  # once per optimizer step: warmup and decay are counted in steps
+    return total_loss / count, grad_norm
+
+
+def evaluate(engine: Engine, loader: Iterable) -> dict[str, float]:
+    """Validation loss and accuracy over every sample of every rank, weighted by sample count."""
+    device = engine.runtime.device
+    engine.module.eval()  # dropout off
+    sums = torch.zeros(3, dtype=torch.float64, device=device)
+    with torch.inference_mode():
+        for inputs, targets in loader:
+            with engine.autocast():
+                logits = engine.module(inputs.to(device))
+            sums += eval_sums(logits, targets.to(device))
+    engine.module.train()
+    loss_sum, correct, count = all_reduce_sum(sums, engine.runtime).tolist()
+    return {"val_loss": loss_sum / count, "val_accuracy": correct / count}
+
+
+class Trainer:
+    """Builds every component of a run from a Config; `fit` trains, validates and checkpoints."""
+
+    def __init__(self, config: Config, runtime: Runtime, resume: bool = False):
+        seed_everything(config.seed)  # the same split and first shuffle on every rank
+        self.config, self.runtime = config, runtime
+        train_set, val_set = build_datasets(config)
+        self.train_loader = make_train_loader(train_set, config, runtime)
+        self.val_loader = make_eval_loader(val_set, config, runtime)
+        model = build_on_meta(config)  # shapes only: the engine materialises the weights
+        self.log = RunLog(config, runtime, sum(p.numel() for p in model.parameters()))
+        seed_everything(config.seed + runtime.rank)  # from here on, per-rank dropout streams
+        self.engine = Engine(model, lambda module: build_optimizer(module, config), runtime, config)
+        self.steps_per_epoch = math.ceil(len(self.train_loader) / config.grad_accum_steps)
+        total_steps = config.epochs * self.steps_per_epoch
+        self.scheduler = build_scheduler(self.engine.optimizer, config, total_steps)
+        self.state, self.position = TrainState(), DataPosition(self.train_loader)
+        shared = {"scheduler": self.scheduler, "progress": self.state}
+        per_rank = {"data_position": self.position}
+        self.checkpoints = CheckpointManager(config, runtime, self.engine, shared, per_rank)
+        self.resumed_from = start_or_resume(self.checkpoints, config, runtime, resume)
+
+    def fit(self) -> dict[str, Any]:
+        """Train until `epochs`, early stopping or `stop_after_steps`; return the run summary."""
+        config, state = self.config, self.state
+        self.log.start_run(state, self.resumed_from)
+        while not state.finished(config):  # a resumed run that had ended stays ended
+            if not self.train_epoch():
+                break  # stopped mid-epoch by stop_after_steps; the checkpoint is written
+            metrics = evaluate(self.engine, self.val_loader)
+            improved = state.record_validation(metrics, config.monitor)
+            self.log.write("val", step=state.step, epoch=state.epoch + 1, **metrics)
+            state.end_epoch()
+            self.position.end_epoch()
+            self.checkpoints.save(state.step, is_best=improved)
+        weights = self.checkpoints.export_weights()  # the final weights, one full state dict
+        return self.log.summary(state, self.checkpoints.directory, self.resumed_from, weights)
+
+    def train_epoch(self) -> bool:
+        """Run the rest of the current epoch; False when `stop_after_steps` stopped it early."""
+        config, state, batches = self.config, self.state, len(self.train_loader)
+        data = TimedIterator(self.position.begin_epoch(state.epoch, state.batch_in_epoch))
+        self.log.start_epoch(state, self.steps_per_epoch)
+        while state.batch_in_epoch < batches:
+            count = min(config.grad_accum_steps, batches - state.batch_in_epoch)
+            lr = self.scheduler.get_last_lr()[0]  # the rate this step runs at
+            loss, norm = train_step(self.engine, self.scheduler, data, count, config.max_grad_norm)
+            state.advance(count)
+            self.log.step(state, count, loss, norm, lr)
+            stop = state.step == config.stop_after_steps
+            if state.batch_in_epoch < batches and (stop or self.checkpoints.due(state.step)):
+                self.checkpoints.save(state.step, is_best=False)  # epoch ends save after validation
+            if stop:
+                break
+        self.log.end_epoch(data.seconds)
+        return state.batch_in_epoch == batches
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Entry point of `python -m mps_single_fp32.train`; returns the run summary."""
+    try:  # set-up errors are the user's to fix: one line, no traceback
+        config, resume = parse_command_line(argv, description=__doc__.splitlines()[0])
+        runtime = init_runtime(config.device)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"error: {error}") from None
+    try:
+        trainer = Trainer(config, runtime, resume)
+    except (OSError, ValueError) as error:
+        shutdown_runtime(runtime)
+        raise SystemExit(f"error: {error}") from None
+    try:
+        return trainer.fit()
+    finally:
+        trainer.log.close()  # what the trackers hold reaches disk on every way out
+        del trainer  # free the wrapper's communication hooks before the process group goes
+        shutdown_runtime(runtime)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Shared fixtures of the sanity ladder: a config per test and a way to train in a fresh process."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from mps_single_fp32.checkpoint import WEIGHTS_FILE
+from mps_single_fp32.config import Config, load_config
+from mps_single_fp32.plot import DPI, FIGURE_INCHES
+from mps_single_fp32.runtime import Runtime, init_runtime
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# A smaller model and data for the tests: the example's defaults would take minutes on a CPU.
+# A quarter of the example's model: the ladder checks the machinery, and CPUs without native
+# 16-bit matrix units run low-precision convolutions several times slower than fp32. The batch,
+# learning rate and schedule are the example's own, whatever the planner chose for the model
+# size this project was rendered at.
+TEST_SETTINGS: dict[str, object] = {"model_size": "25K", "micro_batch_size": 64, "lr": 2e-3}
+TEST_SETTINGS |= {"grad_accum_steps": 1, "warmup_steps": 40, "activation_checkpointing": False}
+# Ranks draw their own random shifts and dropout: off where runs of 1 and 2 processes compare.
+RANDOMNESS_OFF = ["augment=false", "dropout=0.0"]
+
+TEST_OVERRIDES = [f"{key}={json.dumps(value)}" for key, value in TEST_SETTINGS.items()]
+
+
+@pytest.fixture
+def runtime() -> Runtime:
+    """This process on the CPU (a one-process group where the strategy needs one)."""
+    return init_runtime("cpu")
+
+
+def config_for_tests(run_dir: Path) -> Config:
+    """The project's configs/train.toml on the CPU, with TEST_SETTINGS, writing into `run_dir`."""
+    base = load_config(PROJECT_ROOT / "configs" / "train.toml")
+    return dataclasses.replace(base, run_dir=str(run_dir), device="cpu", **TEST_SETTINGS)
+
+
+@pytest.fixture
+def config(tmp_path: Path, runtime: Runtime) -> Config:
+    """`config_for_tests` with the run folder in the test's temp dir."""
+    return config_for_tests(tmp_path / "run")
+
+
+def run_training(*args: str) -> subprocess.CompletedProcess:
+    """The training entry point (`python -m <package>.train`) with ARGS in a fresh
+    interpreter, from the project root, TEST_SETTINGS applied first."""
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
+    command = [sys.executable, "-m", "mps_single_fp32.train", *TEST_OVERRIDES, *args]
+    result = subprocess.run(command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def exported_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    """The run's final weights, as `model.safetensors` holds them."""
+    return load_file(run_dir / WEIGHTS_FILE)
+
+
+def tensorboard_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar of the run's TensorBoard folder, by tag, as (step, value) in step order,
+    read by TensorBoard's own reader (which drops what a `purge_step` purged)."""
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    return {tag: [(event.step, event.value) for event in events.Scalars(tag)] for tag in tags}
+
+
+def assert_loss_curve_png(path: Path) -> None:
+    """`path` is a whole PNG of the plot's size: the signature, every chunk's CRC-32 and the
+    closing IEND chunk (PNG specification, ISO/IEC 15948), and the IHDR's width and height."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    offset, chunks = 8, {}
+    while offset < len(data):
+        (length,) = struct.unpack(">I", data[offset : offset + 4])
+        kind, body = data[offset + 4 : offset + 8], data[offset + 8 : offset + 8 + length]
+        (crc,) = struct.unpack(">I", data[offset + 8 + length : offset + 12 + length])
+        assert zlib.crc32(kind + body) == crc, f"chunk {kind!r} is damaged"
+        chunks.setdefault(kind, body)
+        offset += 12 + length
+    assert b"IEND" in chunks and b"IDAT" in chunks
+    width, height = struct.unpack(">II", chunks[b"IHDR"][:8])
+    assert (width, height) == tuple(round(inches * DPI) for inches in FIGURE_INCHES)

@@ -1,0 +1,119 @@
+"""Checkpoints: the complete-marker, fallback past a damaged folder, refusal when none loads,
+an exact reload, pruning, and atomic writes."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from mps_single_fp32.checkpoint import (
+    COMPLETE_MARKER,
+    TRAINER_FILE,
+    CheckpointManager,
+    find_latest,
+    step_folders,
+)
+from mps_single_fp32.config import Config
+from mps_single_fp32.progress import TrainState
+from mps_single_fp32.runtime import init_runtime
+from mps_single_fp32.state_io import atomic_save
+from mps_single_fp32.train import Trainer
+
+from conftest import config_for_tests, exported_weights
+
+
+@pytest.fixture(scope="module")
+def two_epochs(tmp_path_factory) -> Config:
+    """One run of two epochs with a checkpoint at each end only, trained once for this module."""
+    config = config_for_tests(tmp_path_factory.mktemp("two-epochs") / "run")
+    config = dataclasses.replace(config, epochs=2, checkpoint_every=0)
+    Trainer(config, init_runtime("cpu")).fit()
+    return config
+
+
+@pytest.fixture
+def trained(two_epochs, tmp_path) -> tuple[Config, Path, list[Path]]:
+    """A copy of that run for one test to damage: its config, checkpoint folder and steps."""
+    config = dataclasses.replace(two_epochs, run_dir=str(tmp_path / "run"))
+    shutil.copytree(two_epochs.run_dir, config.run_dir)
+    directory = Path(config.run_dir) / "checkpoints"
+    return config, directory, step_folders(directory)
+
+
+def test_a_folder_without_the_complete_marker_is_never_loaded(trained):
+    _, directory, (first, second) = trained
+    (second / COMPLETE_MARKER).unlink()  # killed after the engine's files, before the marker
+    latest = find_latest(directory)
+    assert latest is not None and latest.folder == first and latest.fallback
+
+
+def test_a_torn_trainer_state_falls_back_and_all_torn_is_refused(trained):
+    config, directory, (first, second) = trained
+    (second / TRAINER_FILE).write_bytes(b"torn")
+    assert find_latest(directory).folder == first
+    (first / TRAINER_FILE).write_bytes(b"torn")
+    assert find_latest(directory) is None
+    with pytest.raises(ValueError, match="loads"):
+        Trainer(config, init_runtime("cpu"), resume=True)
+
+
+def test_a_resume_loads_the_weights_back_exactly(trained):
+    config, _, (_, second) = trained
+    trainer = Trainer(config, init_runtime("cpu"), resume=True)
+    exported = exported_weights(Path(config.run_dir))
+    for name, value in trainer.engine.full_state_dict().items():
+        assert torch.equal(value, exported[name]), name
+    assert trainer.state.step == int(second.name.split("-")[1])
+    assert trainer.resumed_from == str(second)
+
+
+class StandInEngine:
+    """Writes one small file per checkpoint: enough to test the folder handling alone."""
+
+    def save(self, folder: Path) -> None:
+        (folder / "weights").write_bytes(b"weights")
+
+    def load(self, folder: Path) -> None:
+        assert (folder / "weights").read_bytes() == b"weights"
+
+    def full_state_dict(self) -> dict:
+        return {}
+
+
+def test_pruning_keeps_the_newest_folders_and_the_best(config):
+    config = dataclasses.replace(config, keep_last=2)
+    progress = TrainState()
+    manager = CheckpointManager(
+        config, init_runtime("cpu"), StandInEngine(), {"progress": progress}, {}
+    )
+    for step in range(1, 6):
+        progress.step = step
+        manager.save(step, is_best=step == 2)
+    names = [folder.name for folder in step_folders(manager.directory)]
+    assert names == ["step-00000002", "step-00000004", "step-00000005"]
+    assert not list(manager.directory.glob(".*partial")), "partial folders are renamed once whole"
+    shutil.rmtree(manager.directory / "step-00000005")  # a lost folder is skipped, not fatal
+    latest = manager.latest()
+    assert latest.folder.name == "step-00000004" and latest.fallback
+    manager.restore(latest)
+    assert progress.step == 4
+
+
+def test_atomic_save_keeps_the_previous_file_when_a_write_fails(tmp_path, monkeypatch):
+    path = tmp_path / "weights.pt"
+    atomic_save({"step": 1}, path)
+
+    def crash(obj, file: Path):
+        file.write_bytes(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError):
+        atomic_save({"step": 2}, path)
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=True) == {"step": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["weights.pt"]

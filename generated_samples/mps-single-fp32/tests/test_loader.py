@@ -1,0 +1,92 @@
+"""The loaders' reproducibility: distinct worker streams, and an exact epoch replay."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import subprocess
+import sys
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, get_worker_info
+
+from mps_single_fp32.data import build_datasets
+from mps_single_fp32.loader import epoch_iterator, make_train_loader
+from mps_single_fp32.runtime import init_runtime
+
+from conftest import PROJECT_ROOT
+
+
+class RandomProbe(Dataset):
+    """Returns, per batch, the worker id and one draw from each RNG the worker holds."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, indices: list[int]) -> torch.Tensor:
+        worker = get_worker_info()
+        draws = [torch.rand(()).item(), np.random.rand(), random.random()]
+        return torch.tensor([worker.id if worker else -1, *draws], dtype=torch.float64)
+
+
+def worker_draws(config, epochs: int) -> list[list[list[float]]]:
+    """Per epoch, per batch: [worker id, torch draw, numpy draw, random draw]."""
+    runtime = init_runtime("cpu")  # samplers of several processes read the process group
+    probe_config = dataclasses.replace(config, num_workers=2, micro_batch_size=8)
+    loader = make_train_loader(RandomProbe(), probe_config, runtime)
+    return [[batch.tolist() for batch in loader] for _ in range(epochs)]
+
+
+def test_worker_streams_differ_across_workers_and_epochs(config):
+    epochs = worker_draws(config, epochs=2)
+    assert {row[0] for row in epochs[0]} == {0.0, 1.0}
+    for column in (1, 2, 3):  # torch, numpy, random
+        values = [row[column] for epoch in epochs for row in epoch]
+        assert len(set(values)) == len(values), f"repeated draws in RNG column {column}"
+
+
+def test_worker_streams_reproduce_in_a_fresh_process(config):
+    script = (
+        "import json, sys; sys.path.insert(0, 'tests');"
+        "from test_loader import worker_draws;"
+        "from mps_single_fp32.config import Config;"
+        f"print(json.dumps(worker_draws(Config(seed={config.seed}), epochs=2)))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=PROJECT_ROOT, capture_output=True, text=True, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    last_line = result.stdout.splitlines()[-1]  # libraries may log to stdout on import
+    assert json.loads(last_line) == worker_draws(config, epochs=2)
+
+
+def test_epoch_replay_resumes_at_the_same_batch(config):
+    train_set, _ = build_datasets(config)
+    loader = make_train_loader(train_set, config, init_runtime("cpu"))
+    start_state = loader.generator.get_state()
+    torch.manual_seed(0)  # random transforms in the main process draw from the global RNG
+    straight = list(epoch_iterator(loader, 0, start_state, skip=0))
+    torch.manual_seed(0)
+    rng_after_five = None
+    for index, _ in enumerate(epoch_iterator(loader, 0, start_state, skip=0)):
+        if index == 4:
+            rng_after_five = torch.get_rng_state()
+            break
+    resumed = epoch_iterator(loader, 0, start_state, skip=5)
+    torch.set_rng_state(rng_after_five)  # what a resume does after replaying
+    for expected, actual in zip(straight[5:], resumed, strict=True):
+        assert torch.equal(expected[0], actual[0]) and torch.equal(expected[1], actual[1])
+
+
+def test_workers_start_from_a_forkserver_once_a_process_group_exists(config):
+    """A fork taken beside a process group's communication threads can copy a held lock into
+    the worker, which then blocks for good; without a group a plain fork is safe and quicker."""
+    probe_config = dataclasses.replace(config, num_workers=2)
+    loader = make_train_loader(RandomProbe(), probe_config, init_runtime("cpu"))
+    context = loader.multiprocessing_context
+    method = context.get_start_method() if context is not None else None
+    assert method == ("forkserver" if torch.distributed.is_initialized() else None)

@@ -1,0 +1,187 @@
+"""Rungs 4 and 5: a short run learns; its weights export cleanly and a resume is bitwise."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from mps_single_fp32.checkpoint import WEIGHTS_FILE, find_latest, step_folders
+from mps_single_fp32.config import load_config
+from mps_single_fp32.model import build_model
+from mps_single_fp32.runtime import init_runtime
+from mps_single_fp32.task import EXPECTED_INITIAL_LOSS
+from mps_single_fp32.train import Trainer
+
+from conftest import (
+    PROJECT_ROOT,
+    TEST_OVERRIDES,
+    assert_loss_curve_png,
+    exported_weights,
+    run_training,
+    tensorboard_scalars,
+)
+
+SUMMARY_KEYS = {
+    "val_accuracy",
+    "val_loss",
+    "steps",
+    "samples_per_second",
+    "peak_memory_bytes",
+    "checkpoint",
+    "config",
+    "torch_version",
+    "framework",
+    "seed",
+}
+
+
+def test_short_run_moves_the_validation_metric_and_writes_the_summary(config):
+    config = dataclasses.replace(config, epochs=2)
+    summary = Trainer(config, init_runtime("cpu")).fit()
+    assert summary["val_loss"] < 0.95 * EXPECTED_INITIAL_LOSS, summary["val_loss"]
+    written = json.loads((Path(config.run_dir) / "summary.json").read_text())
+    assert written.keys() >= SUMMARY_KEYS
+    assert written["val_accuracy"] == summary["val_accuracy"]
+    rates = {key: value for key, value in written.items() if key.endswith("_per_second")}
+    assert rates and all(value > 0 for value in rates.values()), rates
+
+
+def latest_checkpoint(run_dir: Path) -> dict:
+    """The `trainer.pt` state of the run's latest complete checkpoint."""
+    saved = find_latest(run_dir / "checkpoints")
+    assert saved is not None, f"no checkpoint in {run_dir}"
+    return saved.state
+
+
+def test_a_run_writes_its_weights_tensorboard_events_a_plot_and_a_trace(config):
+    """The files a user looks at after a run, written by default (the profiler window on
+    request): each read back by the library that a user would open it with."""
+    config = dataclasses.replace(config, epochs=1, log_every=2, profile_steps="2:4")
+    trainer = Trainer(config, init_runtime("cpu"))
+    summary = trainer.fit()
+    run_dir = Path(config.run_dir)
+    weights = exported_weights(run_dir)
+    assert not any(key.startswith(("module.", "_orig_mod.")) for key in weights)
+    build_model(config).load_state_dict(weights, strict=True)
+    for key, tensor in trainer.engine.full_state_dict().items():
+        assert torch.equal(weights[key], tensor.cpu()), key
+    with safe_open(run_dir / WEIGHTS_FILE, "pt") as file:
+        assert json.loads(file.metadata()["config"]) == config.to_dict()
+    logged = [record for record in records(run_dir) if record["kind"] in ("train", "val")]
+    scalars = tensorboard_scalars(run_dir)
+    assert [step for step, _ in scalars["train/loss"]] == [
+        r["step"] for r in logged if r["kind"] == "train"
+    ]
+    assert [step for step, _ in scalars["val/loss"]] == [summary["steps"]]
+    assert scalars.keys() >= {"train/lr", "train/grad_norm", "train/samples_per_second"}
+    assert scalars["val/accuracy"][0][1] == pytest.approx(summary["val_accuracy"])
+    assert len(list((run_dir / "tensorboard").iterdir())) == 1
+    assert_loss_curve_png(run_dir / "loss_curve.png")
+    trace = json.loads((run_dir / "profile" / "rank0.pt.trace.json").read_text())
+    spans = {event["name"] for event in trace["traceEvents"] if event.get("ph") == "X"}
+    assert {"ProfilerStep#1", "ProfilerStep#2"} <= spans and "ProfilerStep#3" not in spans
+    assert summary["files"]["profile_trace"] == str(run_dir / "profile" / "rank0.pt.trace.json")
+    assert latest_checkpoint(run_dir)["components"]["progress"]["epoch"] == 1
+
+
+def test_reports_switched_off_leave_no_file_behind(config):
+    config = dataclasses.replace(config, tensorboard=False, plot=False, stop_after_steps=2)
+    summary = Trainer(config, init_runtime("cpu")).fit()
+    written = {path.name for path in Path(config.run_dir).iterdir()}
+    basics = {"checkpoints", "config.json", "metrics.jsonl", "summary.json", "summary.md"}
+    assert written == basics | {WEIGHTS_FILE}
+    assert summary["files"] == {
+        "weights": str(Path(config.run_dir) / WEIGHTS_FILE),
+        "profile_trace": None,
+        "plot": None,
+        "tensorboard": None,
+        "wandb": None,
+    }
+
+
+def test_a_resume_with_nothing_left_keeps_the_runs_summary(config):
+    config = dataclasses.replace(config, epochs=1)
+    summary = Trainer(config, init_runtime("cpu")).fit()
+    written = (Path(config.run_dir) / "summary.json").read_text()
+    assert Trainer(config, init_runtime("cpu"), resume=True).fit() == summary
+    assert (Path(config.run_dir) / "summary.json").read_text() == written
+
+
+def test_starting_over_in_a_used_run_folder_is_refused(config):
+    config = dataclasses.replace(config, epochs=1)
+    Trainer(config, init_runtime("cpu")).fit()
+    with pytest.raises(ValueError, match="--resume"):
+        Trainer(config, init_runtime("cpu"))
+    changed = dataclasses.replace(config, micro_batch_size=config.micro_batch_size // 2)
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        Trainer(changed, init_runtime("cpu"), resume=True)
+
+
+def train_here(*settings: str) -> None:
+    """Train in this process with TEST_SETTINGS and `settings` (key=value, as on the command
+    line), the way `python -m <package>.train` would."""
+    config = load_config(PROJECT_ROOT / "configs" / "train.toml", [*TEST_OVERRIDES, *settings])
+    Trainer(config, init_runtime("cpu")).fit()
+
+
+def records(run_dir: Path) -> list[dict]:
+    """metrics.jsonl of `run_dir`, one dict per line, in file order."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_losses(run_dir: Path) -> list[tuple[int, float]]:
+    """(step, loss) of every train record, in file order: a step logged twice shows."""
+    return [(r["step"], r["loss"]) for r in records(run_dir) if r["kind"] == "train"]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_mid_epoch_reproduces_the_straight_run_bitwise(tmp_path, num_workers):
+    """2k steps straight == k steps, checkpoints lost after step 10 (a run killed some steps
+    past its last checkpoint), fresh process, the rest. The first two runs train in this
+    process; the resume starts from the files alone, and every step is logged once."""
+    common = ["grad_accum_steps=2", "log_every=1", f"num_workers={num_workers}", "epochs=4"]
+    common += ["device=cpu"]
+    k, kept = 15, 10  # step 10 falls mid-epoch (checked below)
+    runs = straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    train_here(*common, f"run_dir={straight.as_posix()!r}", f"stop_after_steps={2 * k}")
+    stopped = [f"run_dir={resumed.as_posix()!r}", f"stop_after_steps={k}", "checkpoint_every=5"]
+    train_here(*common, *stopped)
+    for folder in step_folders(resumed / "checkpoints"):
+        if int(folder.name.removeprefix("step-")) > kept:
+            shutil.rmtree(folder)
+    assert latest_checkpoint(resumed)["components"]["progress"]["batch_in_epoch"] > 0
+    run_training(
+        *common, f"run_dir={resumed.as_posix()!r}", f"stop_after_steps={2 * k}", "--resume"
+    )
+    # Equal weights after the checkpoint's step need its optimizer moments too.
+    expected, actual = (exported_weights(run) for run in runs)
+    for key, tensor in expected.items():
+        assert torch.equal(tensor, actual[key]), key
+    expected, actual = (latest_checkpoint(run)["components"] for run in runs)
+    assert expected["progress"]["step"] == actual["progress"]["step"] == 2 * k
+    assert expected["scheduler"] == actual["scheduler"]
+    assert expected["progress"]["history"] == actual["progress"]["history"]
+    assert train_losses(straight) == train_losses(resumed)
+    assert [r["step"] for r in records(resumed) if r["kind"] == "start"] == [0, kept]
+    expected, actual = (tensorboard_scalars(run) for run in runs)
+    assert actual["train/loss"] == expected["train/loss"]  # steps 11-15 once, after the purge
+    assert_loss_curve_png(resumed / "loss_curve.png")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_resume_on_cuda(config):
+    """A checkpoint written on the GPU resumes there: RNG and loader-generator states come back
+    as CPU tensors. The CPU twin of this path is the bitwise resume test above."""
+    config = dataclasses.replace(config, device="cuda", epochs=2, checkpoint_every=5)
+    stopped = Trainer(dataclasses.replace(config, stop_after_steps=7), init_runtime("cuda"))
+    stopped.fit()
+    summary = Trainer(config, init_runtime("cuda"), resume=True).fit()
+    assert summary["resumed_from"] and summary["steps"] > 7
+    assert math.isfinite(summary["val_loss"])

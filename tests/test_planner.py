@@ -1,0 +1,226 @@
+"""The memory model and the planner: reference cases computed by hand from the formulas, the
+choices of strategy, micro-batch, accumulation and checkpointing, recipes, and what is refused
+or only warned about."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from scaffold.answers import build_answers, merge_sources
+from scaffold.errors import AnswerError, NotAvailableYet
+from scaffold.memory import GIB, LAYOUTS, estimate
+from scaffold.planner import Setting, check, fit, plan, recipe_for, usable_bytes
+from scaffold.shapes import decoder_for
+
+H100S = {"hardware": "cuda", "gpu_arch": "hopper", "gpus_per_node": 8, "gpu_memory_gb": 80}
+H100S |= {"host_memory_gb": 1024, "task": "language-model"}
+
+
+def answers(**values):
+    return build_answers(merge_sources(values, {"project_name": "demo"}))
+
+
+def model_state(result) -> int:
+    return result.weights + result.gradients + result.optimizer
+
+
+def test_7b_bf16_adamw_on_8_x_80_gb_does_not_fit_ddp_and_fits_fsdp2():
+    """By hand: the rendered 7B decoder (16 blocks of width 6048, context 2048) has
+    7,039,787,328 parameters; with AdamW each keeps 4 + 4 + 8 = 16 bytes: 104.9 GiB per GPU
+    under DDP, more than the 68 GiB usable of an 80 GB GPU (85%); FSDP2 divides it by 8
+    (13.1 GiB)."""
+    shape = decoder_for(7 * 10**9, 2048)
+    assert (shape.width, shape.depth, shape.params) == (6048, 16, 7_039_787_328)
+    run = {"precision": "bf16", "world_size": 8, "micro_batch": 1, "checkpointing": True}
+    ddp = estimate(shape, strategy="ddp", **run)
+    fsdp2 = estimate(shape, strategy="fsdp2", **run)
+    assert model_state(ddp) == 16 * 7_039_787_328
+    assert model_state(ddp) / GIB == pytest.approx(104.9, abs=0.05)
+    assert model_state(fsdp2) == 16 * math.ceil(7_039_787_328 / 8)
+    usable = 0.85 * 80 * GIB
+    assert ddp.peak > usable > fsdp2.peak
+    planned = plan(answers(**H100S, model_size="7B"))
+    assert planned.answers.strategy == "fsdp2"
+    assert planned.estimate.peak <= planned.usable == int(usable)
+    reason = next(r for r in planned.reasons if r.startswith("strategy="))
+    assert "104.9 GiB" in reason and "68.0 GiB usable" in reason
+
+
+def test_125m_on_one_24_gb_gpu_trains_on_a_single_device_with_gpt3_smalls_recipe():
+    planned = plan(answers(task="language-model", model_size="125M", hardware="cuda",
+                           gpu_arch="ampere", gpu_memory_gb=24, host_memory_gb=64))  # fmt: skip
+    settings = {key: setting.value for key, setting in planned.settings.items()}
+    assert planned.answers.strategy == "single"
+    assert settings["block_size"] == 2048 and settings["lr"] == 6e-4
+    # GPT-3 Small's 0.5M tokens per step: 256 sequences of 2048.
+    assert settings["micro_batch_size"] * settings["grad_accum_steps"] == 256
+    assert not settings["activation_checkpointing"]
+
+
+def test_the_micro_batch_is_the_largest_divisor_of_the_batch_that_fits():
+    planned = plan(answers(**H100S, model_size="7B"))
+    micro = planned.settings["micro_batch_size"].value
+    accumulation = planned.settings["grad_accum_steps"].value
+    assert micro * accumulation * 8 == 1024  # GPT-3 6.7B's 2M tokens
+    run = {"strategy": "fsdp2", "precision": "bf16", "world_size": 8, "checkpointing": False}
+    larger = min(size for size in range(micro + 1, 129) if 128 % size == 0)
+    assert estimate(planned.shape, micro_batch=micro, **run).peak <= planned.usable
+    assert estimate(planned.shape, micro_batch=larger, **run).peak > planned.usable
+
+
+def test_activation_checkpointing_only_when_nothing_fits_without_it():
+    """1.3B on one 24 GB GPU: micro-batch 1 does not fit without checkpointing, and does with
+    it; at 32 GB micro-batch 2 fits without it, so it stays off."""
+    one_gpu = {"task": "language-model", "model_size": "1.3B", "hardware": "cuda"}
+    one_gpu |= {"gpu_arch": "ampere", "host_memory_gb": 512}
+    tight = plan(answers(**one_gpu, gpu_memory_gb=24))
+    run = {"strategy": "single", "precision": "bf16", "world_size": 1, "micro_batch": 1}
+    assert estimate(tight.shape, checkpointing=False, **run).peak > tight.usable
+    assert estimate(tight.shape, checkpointing=True, **run).peak <= tight.usable
+    assert tight.settings["activation_checkpointing"].value is True
+    roomy = plan(answers(**one_gpu, gpu_memory_gb=32))
+    assert roomy.settings["activation_checkpointing"].value is False
+    assert roomy.settings["micro_batch_size"].value == 2
+
+
+def test_checkpointing_keeps_fewer_activations_and_a_lower_peak():
+    shape = decoder_for(10**9, 2048)
+    run = {"strategy": "single", "precision": "bf16", "world_size": 1, "micro_batch": 4}
+    plain, checkpointed = (estimate(shape, checkpointing=on, **run) for on in (False, True))
+    assert checkpointed.activations < plain.activations / 5
+    assert checkpointed.peak < plain.peak
+
+
+@pytest.mark.parametrize(
+    ("strategy", "weights", "gradients", "optimizer"),
+    [("single", 4, 4, 8), ("ddp", 4, 4, 8), ("zero1", 4, 4, 12 / 4), ("zero2", 4, 4 / 4, 12 / 4),
+     ("zero3", 4 / 4, 4 / 4, 12 / 4), ("fsdp2", 4 / 4, 4 / 4, 8 / 4), ("zero3-offload", 0, 0, 0)],
+)  # fmt: skip
+def test_each_strategy_divides_the_model_state_as_the_zero_paper_says(
+    strategy, weights, gradients, optimizer
+):
+    """Bytes per parameter per device over 4 processes: ZeRO-1 shards the optimizer state
+    (DeepSpeed's K = 12: fp32 partition and two moments), ZeRO-2 also gradients, ZeRO-3 and
+    FSDP2 also weights; offload keeps all of it in host memory."""
+    shape = decoder_for(10**8, 64)
+    result = estimate(shape, strategy=strategy, precision="bf16", world_size=4, micro_batch=1,
+                      checkpointing=False, processes_per_node=4)  # fmt: skip
+    params = shape.params
+    assert result.weights == pytest.approx(weights * params, rel=1e-6)
+    assert result.gradients == pytest.approx(gradients * params, rel=1e-6)
+    assert result.optimizer == pytest.approx(optimizer * params, rel=1e-6)
+    assert result.host == (16 * math.ceil(params / 4) * 4 if LAYOUTS[strategy].offload else 0)
+
+
+def test_a_model_that_fits_no_gpu_even_sharded_keeps_its_state_in_host_memory():
+    planned = plan(answers(**{**H100S, "gpus_per_node": 2, "gpu_memory_gb": 24}, model_size="7B"))
+    assert planned.answers.strategy == "zero3-offload"
+    assert planned.estimate.host <= 0.85 * 1024 * GIB
+    assert any("CPU memory" in reason for reason in planned.reasons)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{"task": "language-model", "model_size": "7B", "hardware": "cpu", "host_memory_gb": 16},
+     {**H100S, "model_size": "70B", "host_memory_gb": 256}],
+)  # fmt: skip
+def test_a_model_larger_than_all_device_and_host_memory_is_refused(values):
+    with pytest.raises(AnswerError, match="more than the usable .* GiB"):
+        plan(answers(**values))
+
+
+def test_a_risky_override_is_accepted_with_a_warning_that_gives_the_numbers():
+    planned = plan(answers(**H100S, model_size="7B", strategy="ddp"))
+    assert planned.answers.strategy == "ddp"
+    (warning,) = planned.warnings
+    assert "may run out of memory" in warning and "68.0 GiB usable" in warning
+    assert "strategy=auto would choose fsdp2" in warning
+
+
+def test_unknown_memory_is_not_checked_and_takes_the_recipes_batch():
+    planned = plan(answers(task="language-model", model_size="7B", hardware="cuda",
+                           gpu_arch="hopper", gpus_per_node=8))  # fmt: skip
+    assert planned.usable == 0 and planned.answers.strategy == "ddp"
+    assert planned.settings["micro_batch_size"].value == 128
+    assert "not given" in next(r for r in planned.reasons if r.startswith("strategy="))
+
+
+@pytest.mark.parametrize(
+    ("params", "name", "lr", "sequences"),
+    [(10**5, "the example", 2e-3, 32), (10**7, "the example", 2e-3, 32),
+     (2 * 10**7, "GPT-3 Small", 6e-4, 256), (125 * 10**6, "GPT-3 Small", 6e-4, 256),
+     (3 * 10**8, "GPT-3 Medium", 3e-4, 256), (7 * 10**9, "GPT-3 6.7B", 1.2e-4, 1024),
+     (10**12, "GPT-3 175B", 0.6e-4, 1536)],
+)  # fmt: skip
+def test_the_language_models_recipe_is_the_nearest_gpt3_row_or_the_examples(
+    params, name, lr, sequences
+):
+    recipe = recipe_for("language-model", params)
+    assert (recipe.name, recipe.lr, recipe.sequences) == (name, lr, sequences)
+    assert recipe.per_process == (name == "the example")
+
+
+def test_usable_memory_is_a_share_of_the_device_or_of_unified_memory():
+    assert usable_bytes(answers(hardware="cpu", host_memory_gb=32)) == int(0.85 * 32 * GIB)
+    assert usable_bytes(answers(hardware="mps", host_memory_gb=32)) == int(0.75 * 32 * GIB)
+    gpu = answers(hardware="cuda", gpu_arch="ampere", gpu_memory_gb=40, host_memory_gb=1)
+    assert usable_bytes(gpu) == int(0.85 * 40 * GIB)
+
+
+def test_fit_reports_when_nothing_fits():
+    tiny = answers(task="language-model", model_size="7B", hardware="cuda", gpu_arch="ampere",
+                   gpu_memory_gb=24, host_memory_gb=4096)  # fmt: skip
+    recipe = recipe_for("language-model", tiny.model_params)
+    shape = decoder_for(tiny.model_params, recipe.block_size)
+    result = fit(tiny, "single", "bf16", shape, recipe)
+    assert not result.fits and result.micro_batch == 1 and result.checkpointing
+
+
+@pytest.mark.parametrize(
+    ("value", "toml", "python"),
+    [(2e-3, "2e-3", "2e-3"), (1.2e-4, "1.2e-4", "1.2e-4"), (6e-4, "6e-4", "6e-4"),
+     (True, "true", "True"), (300_000, "300_000", "300_000"), (64, "64", "64")],
+)  # fmt: skip
+def test_settings_render_as_toml_and_python_literals(value, toml, python):
+    setting = Setting(value, "why")
+    assert (setting.as_toml(), setting.as_python()) == (toml, python)
+
+
+# --- MPS and the checks of partial answers ---
+
+
+def test_mps_plans_one_device_in_fp32():
+    planned = plan(answers(hardware="mps", host_memory_gb=16))
+    assert (planned.answers.strategy, planned.answers.precision) == ("single", "fp32")
+    warned = plan(answers(hardware="mps", host_memory_gb=16, precision="bf16"))
+    assert "untested" in warned.warnings[0]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2", "zero2", "zero3-offload"])
+def test_mps_refuses_strategies_of_several_processes(strategy):
+    with pytest.raises(AnswerError, match="MPS"):
+        plan(answers(hardware="mps", strategy=strategy))
+
+
+@pytest.mark.parametrize("framework", ["fabric", "accelerate"])
+def test_frameworks_are_not_rendered_for_mps(framework):
+    with pytest.raises(NotAvailableYet, match=f"framework={framework} with hardware=mps"):
+        plan(answers(hardware="mps", framework=framework))
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [({"hardware": "cuda", "gpu_arch": "none"}, "needs the GPU architecture"),
+     ({"hardware": "cpu", "precision": "fp16"}, "fp16 on CPU"),
+     ({"gpu_arch": "volta-turing", "precision": "bf16"}, "Volta/Turing"),
+     ({"strategy": "fsdp2", "precision": "fp16"}, "sharded loss scaling"),
+     ({"task": "image-classification", "model_size": "60M"}, "too large"),
+     ({"framework": "accelerate", "strategy": "fsdp2"}, "not available yet")],
+)  # fmt: skip
+def test_each_rule_checks_the_answers_it_needs_as_soon_as_they_are_given(values, message):
+    for key in values:  # one answer alone is never refused by a rule about two
+        check({key: values[key]})
+    with pytest.raises(AnswerError, match=message):
+        check(values)
