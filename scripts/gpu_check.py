@@ -9,7 +9,9 @@ and fp16 with GradScaler numerics (initial loss near ln(classes), a finite, fall
 validation accuracy), DDP, FSDP2 (bf16 MixedPrecisionPolicy, DCP checkpoints) and DeepSpeed
 ZeRO-2/3 over NCCL with world size 1 (torchrun, one process), torch.compile, and the run
 summary's samples/s, tokens/s and MFU; last, the language model's throughput at GPT-2-small
-size beside a bare loop (bench/gpu_throughput.py; `--only throughput` for it alone). Rows with
+size beside a bare loop (bench/gpu_throughput.py; `--only throughput` for it alone) and the
+planner's predicted peak memory against `torch.cuda.max_memory_allocated` at 125M-1.3B
+parameters, with and without activation checkpointing (bench/memory.py; `--only memory`). Rows with
 a resume step also stop a second run there (`stop_after_steps`), continue it with `--resume`,
 and report how far its final validation loss lies from the straight run's ("resume diff"; GPU
 kernels such as atomics-based backward passes are not bitwise deterministic, so a small
@@ -141,25 +143,37 @@ def main() -> int:
         ]
         print(f"{label:<20}{variant:<18}{row['status'][:15]:<16}{''.join(cells)}"
               f"{row['wall']:>8.1f}")  # fmt: skip
-    throughput_ok = True
-    if not args.only or "throughput" in args.only:
-        throughput_ok = lm_throughput_row(args.device, deadline - time.perf_counter())
-    return 0 if throughput_ok and all(row["status"] == "ok" for _, _, row in rows) else 1
+    benches_ok = True
+    for word, title, script, rehearsal in BENCHES:
+        if not args.only or word in args.only:
+            options = [] if args.device == "cuda" else rehearsal
+            benches_ok &= bench_row(title, [script, f"--device={args.device}", *options],
+                                    deadline - time.perf_counter())  # fmt: skip
+    return 0 if benches_ok and all(row["status"] == "ok" for _, _, row in rows) else 1
 
 
-def lm_throughput_row(device: str, seconds_left: float) -> bool:
-    """bench/gpu_throughput.py: the rendered LM loop against a bare loop at GPT-2-small size,
-    with and without torch.compile (tokens/s, MFU, ratio); prints its table."""
+# (--only word, title, script under bench/, its options in a CPU rehearsal) of the rows that
+# print tables:
+# the rendered LM loop against a bare loop at GPT-2-small size, with and without torch.compile
+# (tokens/s, MFU, ratio); the planner's memory estimate against torch.cuda.max_memory_allocated.
+BENCHES = [
+    ("throughput", "LM throughput vs bare loop", "gpu_throughput.py", []),
+    ("memory", "Predicted vs measured peak memory", "memory.py", ["--first", "1"]),
+]
+
+
+def bench_row(title: str, arguments: list[str], seconds_left: float) -> bool:
+    """Run a bench/ script with `arguments` in the time left; print its table."""
     if seconds_left < 60:
-        print("LM throughput vs bare loop: skipped: time budget")
+        print(f"{title}: skipped: time budget")
         return False
-    command = [sys.executable, str(ROOT / "bench" / "gpu_throughput.py"), f"--device={device}"]
+    command = [sys.executable, str(ROOT / "bench" / arguments[0]), *arguments[1:]]
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=seconds_left)
     except subprocess.TimeoutExpired:
-        print("LM throughput vs bare loop: FAIL: timed out")
+        print(f"{title}: FAIL: timed out")
         return False
-    print("\nLM throughput vs bare loop (bench/gpu_throughput.py)")
+    print(f"\n{title} (bench/{arguments[0]})")
     print(result.stdout if result.returncode == 0 else result.stderr[-3000:])
     return result.returncode == 0
 

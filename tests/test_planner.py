@@ -11,7 +11,8 @@ import pytest
 from scaffold.answers import build_answers, merge_sources
 from scaffold.errors import AnswerError, NotAvailableYet
 from scaffold.memory import GIB, LAYOUTS, estimate
-from scaffold.planner import Setting, check, fit, plan, recipe_for, usable_bytes
+from scaffold.planner import Setting, check, fit, plan, usable_bytes
+from scaffold.recipes import recipe_for
 from scaffold.shapes import decoder_for
 
 H100S = {"hardware": "cuda", "gpu_arch": "hopper", "gpus_per_node": 8, "gpu_memory_gb": 80}

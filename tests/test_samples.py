@@ -119,3 +119,81 @@ def test_config_defaults_equal_the_rendered_train_toml(variant):
     )
     defaults, from_toml = json.loads(result.stdout)
     assert defaults == from_toml
+
+
+def test_the_mps_project_differs_from_the_cpu_one_only_in_its_device():
+    """hardware=mps renders the CPU project with `device = "mps"`: the configured device, the
+    README's word for the hardware and its MPS section, the MPS tests (one of them the CPU twin
+    of the device's resolution), and the plan's note of usable memory (3/4 of unified memory on
+    MPS); no other line changes."""
+
+    def lines(variant: str) -> dict[str, list[str]]:
+        root = SAMPLES / variant
+        return {
+            str(path.relative_to(root)).replace(variant.replace("-", "_"), "PACKAGE"): [
+                line.replace(variant.replace("-", "_"), "PACKAGE").replace(variant, "PROJECT")
+                for line in path.read_text().splitlines()
+            ]
+            for path in root.rglob("*")
+            if path.is_file() and path.suffix != ".png"
+        }
+
+    cpu, mps = lines("cpu-single-fp32"), lines("mps-single-fp32")
+    assert cpu.keys() == mps.keys()
+    changed = {path for path in cpu if cpu[path] != mps[path]}
+    assert changed == {
+        ".copier-answers.yml",
+        "README.md",
+        "configs/train.toml",
+        "src/PACKAGE/config.py",
+        "tests/test_loop.py",
+    }
+    for path in ("configs/train.toml", "src/PACKAGE/config.py"):
+        removed = [line for line in cpu[path] if line not in mps[path]]
+        added = [line for line in mps[path] if line not in cpu[path]]
+        removed, added = (
+            [x for x in found if not x.startswith("# plan:")] for found in (removed, added)
+        )
+        assert len(removed) == len(added) == 1 and "device" in added[0] and "mps" in added[0]
+    added = [line for line in mps["tests/test_loop.py"] if line not in cpu["tests/test_loop.py"]]
+    assert any("def test_a_training_step_on_mps" in line for line in added)
+
+
+@pytest.mark.slow
+def test_a_7b_plan_renders_a_project_whose_config_a_user_could_launch(tmp_path):
+    """7B on 8 x 80 GB H100s: FSDP2 over the 8, the planned micro-batch, accumulation, context
+    and learning rate in train.toml, each under its `# plan:` source; the project lints, builds
+    its 7B model on the meta device in no memory, and its sanity ladder passes at test size."""
+    from conftest import ruff, run_in_project
+
+    from scaffold.answers import build_answers, merge_sources
+    from scaffold.planner import plan
+    from scaffold.render import render_project
+
+    answers = {"task": "language-model", "model_size": "7B", "hardware": "cuda"}
+    answers |= {"gpu_arch": "hopper", "gpus_per_node": 8, "gpu_memory_gb": 80.0}
+    answers |= {"host_memory_gb": 1024.0, "project_name": "llm"}
+    planned = plan(build_answers(merge_sources(answers)))
+    project = tmp_path / "llm"
+    render_project(planned.copier_data(), project, init_git=False)
+    assert (
+        ruff(project, "check").returncode == 0
+        and ruff(project, "format", "--check").returncode == 0
+    )
+    toml = (project / "configs" / "train.toml").read_text()
+    for key, setting in planned.settings.items():
+        assert f"# plan: {setting.source}\n{key} = {setting.as_toml()}" in toml, key
+    script = (
+        "import json; import torch; from llm.config import load_config; "
+        "from llm.build import build_on_meta; config = load_config('configs/train.toml'); "
+        "model = build_on_meta(config); "
+        "print(json.dumps([sum(p.numel() for p in model.parameters()), "
+        "all(p.is_meta for p in model.parameters()), config.block_size, config.lr, "
+        "config.micro_batch_size * config.grad_accum_steps]))"
+    )
+    built = run_in_project(project, "-c", script)
+    assert built.returncode == 0, built.stderr[-2000:]
+    assert json.loads(built.stdout) == [7_039_787_328, True, 2048, 1.2e-4, 128]
+    ladder = ["tests/test_model.py", "tests/test_build.py", "tests/test_loop.py"]
+    tests = run_in_project(project, "-m", "pytest", "-q", "-p", "no:cacheprovider", *ladder)
+    assert tests.returncode == 0, tests.stdout[-3000:]

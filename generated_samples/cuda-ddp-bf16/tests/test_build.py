@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from cuda_ddp_bf16 import build as build_module
 from cuda_ddp_bf16.build import (
     build_on_meta,
     checkpoint_units,
@@ -34,8 +35,18 @@ def weights(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
 
-def test_the_meta_model_materialises_the_same_weights_from_the_same_seed(config):
-    meta = build_on_meta(config)
+@pytest.fixture
+def meta_model(config) -> nn.Module:
+    """The model on the meta device; a model of your own without `init_tensor` is built whole
+    instead (build.py), and these tests of the meta path do not apply to it."""
+    model = build_on_meta(config)
+    if not is_on_meta(model):
+        pytest.skip("model.py's model has no init_tensor: build.py builds it whole")
+    return model
+
+
+def test_the_meta_model_materialises_the_same_weights_from_the_same_seed(config, meta_model):
+    meta = meta_model
     assert is_on_meta(meta) and all(p.device.type == "meta" for p in meta.parameters())
     first = materialize(meta, torch.device("cpu"), seed=7)
     assert not is_on_meta(first)
@@ -52,8 +63,8 @@ def test_the_meta_model_materialises_the_same_weights_from_the_same_seed(config)
         assert torch.equal(tensor, again[name]), name
 
 
-def test_the_materialised_model_starts_at_the_theoretical_loss(config):
-    model = materialize(build_on_meta(config), torch.device("cpu"), seed=config.seed).eval()
+def test_the_materialised_model_starts_at_the_theoretical_loss(config, meta_model):
+    model = materialize(meta_model, torch.device("cpu"), seed=config.seed).eval()
     inputs, targets = one_batch(config, 64)
     with torch.no_grad():
         loss = loss_fn(model(inputs), targets).item()
@@ -98,6 +109,17 @@ def test_activation_checkpointing_keeps_the_gradients_and_keeps_fewer_activation
         assert torch.allclose(actual[name], gradient, rtol=1e-5, atol=1e-7), name
     # Each unit keeps only its input; the rest is recomputed in backward.
     assert checkpointed_bytes < plain_bytes / 2, (checkpointed_bytes, plain_bytes)
+
+
+def test_a_model_without_init_tensor_is_built_whole_with_a_warning(config, monkeypatch):
+    class Plain(nn.Linear):  # what many models are: initialised in __init__ alone
+        def shard_units(self) -> list[nn.Module]:
+            return []
+
+    monkeypatch.setattr(build_module, "build_model", lambda config: Plain(4, 2))
+    with pytest.warns(UserWarning, match="has no init_tensor"):
+        model = build_on_meta(config)
+    assert not is_on_meta(model)
 
 
 def test_the_config_switch_checkpoints_every_shard_unit(config):

@@ -12,6 +12,7 @@ host's memory per process start at all (pytorch.org/docs/stable/meta.html).
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -24,8 +25,21 @@ from .model import build_model
 
 def build_on_meta(config: Config) -> nn.Module:
     """`build_model(config)` on the meta device, with activation checkpointing per shard unit
-    when `config.activation_checkpointing` is on; an engine materialises it."""
+    when `config.activation_checkpointing` is on; an engine materialises it.
+
+    A model without `init_tensor` could not be initialised from there: it is built whole on the
+    CPU instead, initialised by its own `__init__` (from the RNG state the caller seeded), with
+    a warning that every process then holds all of it during set-up.
+    """
     with torch.device("meta"):
+        model = build_model(config)
+    if not callable(getattr(model, "init_tensor", None)):
+        warnings.warn(
+            f"{type(model).__name__} has no init_tensor(name, tensor, generator), so it is built "
+            "whole on every process; add one (see model.py's contract) to build it on the meta "
+            "device",
+            stacklevel=2,
+        )
         model = build_model(config)
     if config.activation_checkpointing:
         checkpoint_units(model)

@@ -1,0 +1,196 @@
+"""The planner's memory model against measurement: `python bench/memory.py [--device cuda]
+[--readme]`.
+
+Each row builds the rendered language model (a committed sample under generated_samples/, so
+neither copier nor scaffold's CLI is needed) at one size, micro-batch and activation
+checkpointing setting, in a fresh process, trains it for a few optimizer steps (forward,
+backward, AdamW) through the project's own Engine and `train_step`, and measures the peak:
+
+- CPU: the growth of the process's peak resident memory (`VmHWM`, reset after imports and data
+  through /proc/self/clear_refs) over the steps, with glibc's mmap threshold lowered so that a
+  freed tensor's pages go back to the system at once (else the heap keeps them and the peak
+  counts them again). FSDP2 rows run 2 gloo processes and take the larger rank.
+- CUDA: `torch.cuda.max_memory_allocated`, what PyTorch's allocator handed out at most.
+
+The prediction is `scaffold.memory.estimate` for the same shape, strategy, precision, process
+count and micro-batch. The target is within +-25% of the measurement on every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import importlib
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BLOCK_SIZE = {"cpu": 256, "cuda": 2048}  # tokens per sequence: CPUs run short ones
+STEPS = 2  # the second step's forward and backward hold the optimizer state too
+# (sample, strategy, precision, processes, model size, micro-batch) per device; each row runs
+# with and without activation checkpointing.
+ROWS = {
+    "cpu": [
+        ("lm-cpu-single-fp32", "single", "fp32", 1, "10M", 4),
+        ("lm-cpu-single-fp32", "single", "fp32", 1, "10M", 16),
+        ("lm-cpu-single-fp32", "single", "fp32", 1, "50M", 4),
+        ("lm-cpu-single-fp32", "single", "fp32", 1, "50M", 16),
+        ("lm-cpu-single-fp32", "single", "fp32", 1, "200M", 2),
+        ("lm-cpu-single-fp32", "single", "fp32", 1, "200M", 8),
+        ("fabric-lm-fsdp2-fp32", "fsdp2", "fp32", 2, "50M", 8),  # bf16 is ~100x slower on CPU
+    ],
+    "cuda": [
+        ("lm-ddp-bf16", "ddp", "bf16", 1, "125M", 8),
+        ("lm-ddp-bf16", "ddp", "bf16", 1, "350M", 8),
+        ("lm-ddp-bf16", "ddp", "bf16", 1, "760M", 4),
+        ("lm-ddp-bf16", "ddp", "bf16", 1, "1.3B", 4),
+        ("lm-fsdp2-bf16", "fsdp2", "bf16", 1, "760M", 8),
+    ],
+}
+MARKERS = ("<!-- memory: start -->", "<!-- memory: end -->")
+
+
+def child(sample: str, size: str, micro: int, checkpointing: bool, device: str) -> None:
+    """Measure one row in this process; print its JSON."""
+    import torch
+
+    package = sample.replace("-", "_")
+    sys.path.insert(0, str(ROOT / "generated_samples" / sample / "src"))
+    modules = {
+        name: importlib.import_module(f"{package}.{name}")
+        for name in ("build", "config", "engine", "optim", "runtime", "train")
+    }
+    block_size = BLOCK_SIZE[device]
+    overrides = [f"model_size={size}", f"block_size={block_size}", f"micro_batch_size={micro}"]
+    overrides += [f"activation_checkpointing={'true' if checkpointing else 'false'}"]
+    overrides += [f"device={device}", "dropout=0.0", "grad_accum_steps=1"]
+    config = modules["config"].load_config(None, overrides)
+    runtime = modules["runtime"].init_runtime(device)
+    tokens = [torch.randint(0, 256, (micro, block_size + 1)) for _ in range(STEPS)]
+    batches = [(window[:, :-1], window[:, 1:]) for window in tokens]
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    else:
+        Path("/proc/self/clear_refs").write_text("5")  # peak resident size := current
+        before = resident("VmRSS")
+    model = modules["build"].build_on_meta(config)
+    make_optimizer = functools.partial(modules["optim"].build_optimizer, config=config)
+    engine = modules["engine"].Engine(model, make_optimizer, runtime, config)
+    scheduler = modules["optim"].build_scheduler(engine.optimizer, config, total_steps=100)
+    for batch in batches:
+        modules["train"].train_step(engine, scheduler, [batch], 1, config.max_grad_norm)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - before
+    else:
+        peak = resident("VmHWM") - before
+    params = sum(parameter.numel() for parameter in engine.model.parameters())
+    print(json.dumps({"peak": peak, "params": params}), flush=True)
+
+
+def resident(field: str) -> int:
+    """`VmRSS` or `VmHWM` of this process in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) * 1024
+    raise SystemExit(f"error: no {field} in /proc/self/status (Linux only)")
+
+
+def measure(row: tuple, checkpointing: bool, device: str) -> dict:
+    """Run one row in fresh processes (torchrun for several); the largest rank's figures."""
+    sample, _, _, processes, size, micro = row
+    script = [str(Path(__file__).resolve()), "--child", sample, size, str(micro)]
+    script += [str(int(checkpointing)), device]
+    launcher = [sys.executable]
+    if processes > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone"]
+        launcher += [f"--nproc-per-node={processes}"]
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // processes))}
+    env["MALLOC_MMAP_THRESHOLD_"] = "65536"  # freed tensors leave the resident set at once
+    result = subprocess.run([*launcher, *script], env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"error: {row} failed:\n{result.stderr[-3000:]}")
+    figures = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    return max(figures, key=lambda figure: figure["peak"])
+
+
+def table(device: str, first: int | None = None) -> str:
+    """The markdown table of every row of `device`, measured and predicted."""
+    sys.path.insert(0, str(ROOT))  # scaffold from this checkout: the GPU machine installs none
+    from scaffold.answers import parse_model_size
+    from scaffold.memory import estimate, gib
+    from scaffold.shapes import decoder_for
+
+    lines = [
+        "| strategy | precision | processes | model | parameters | micro-batch | checkpointing "
+        "| predicted GiB | measured GiB | predicted / measured |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in ROWS[device][:first]:
+        _, strategy, precision, processes, size, micro = row
+        for checkpointing in (False, True):
+            measured = measure(row, checkpointing, device)
+            shape = decoder_for(parse_model_size(size), BLOCK_SIZE[device])
+            assert shape.params == measured["params"], (shape, measured)
+            predicted = estimate(
+                shape,
+                strategy=strategy,
+                precision=precision,
+                world_size=processes,
+                micro_batch=micro,
+                checkpointing=checkpointing,
+            ).peak
+            ratio = predicted / measured["peak"]
+            lines.append(
+                f"| {strategy} | {precision} | {processes} | {size} | {shape.params:,} | {micro} "
+                f"| {'on' if checkpointing else 'off'} | {gib(predicted)} | "
+                f"{gib(measured['peak'])} | {ratio:.2f} |"
+            )
+            print(lines[-1], file=sys.stderr, flush=True)
+    return "\n".join(lines)
+
+
+def machine_line(device: str) -> str:
+    import torch
+
+    today = datetime.date.today().isoformat()
+    name = torch.cuda.get_device_name() if device == "cuda" else platform.machine()
+    return f"{today}, {name}, {os.cpu_count()} cores, torch {torch.__version__}"
+
+
+def write_readme(text: str) -> None:
+    readme = ROOT / "bench" / "README.md"
+    content = readme.read_text()
+    start, end = content.index(MARKERS[0]), content.index(MARKERS[1])
+    readme.write_text(content[: start + len(MARKERS[0])] + "\n" + text + "\n" + content[end:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=sorted(ROWS), default="cpu")
+    parser.add_argument("--readme", action="store_true", help="write the table into README.md")
+    parser.add_argument("--first", type=int, help="only the first N rows (a rehearsal)")
+    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        sample, size, micro, checkpointing, device = args.child
+        child(sample, size, int(micro), checkpointing == "1", device)
+        return
+    text = (
+        f"Machine: {machine_line(args.device)}; context {BLOCK_SIZE[args.device]}, {STEPS} "
+        f"optimizer steps per row.\n\n{table(args.device, args.first)}"
+    )
+    print(text)
+    if args.readme:
+        write_readme(text)
+
+
+if __name__ == "__main__":
+    main()
