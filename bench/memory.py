@@ -6,10 +6,12 @@ neither copier nor scaffold's CLI is needed) at one size, micro-batch and activa
 checkpointing setting, in a fresh process, trains it for a few optimizer steps (forward,
 backward, AdamW) through the project's own Engine and `train_step`, and measures the peak:
 
-- CPU: the growth of the process's peak resident memory (`VmHWM`, reset after imports and data
-  through /proc/self/clear_refs) over the steps, with glibc's mmap threshold lowered so that a
-  freed tensor's pages go back to the system at once (else the heap keeps them and the peak
-  counts them again). FSDP2 rows run 2 gloo processes and take the larger rank.
+- CPU: the growth of the process's peak resident memory (`VmHWM`, reset through
+  /proc/self/clear_refs) over the steps, with glibc's mmap threshold lowered so that a freed
+  tensor's pages go back to the system at once (else the heap keeps them and the peak counts
+  them again). One step of a tiny model runs first, so the code that loads on first use (the
+  optimizer's first step imports torch._dynamo: ~80 MB resident) is not counted as training
+  memory. FSDP2 rows run 2 gloo processes and take the larger rank.
 - CUDA: `torch.cuda.max_memory_allocated`, what PyTorch's allocator handed out at most.
 
 The prediction is `scaffold.memory.estimate` for the same shape, strategy, precision, process
@@ -19,6 +21,7 @@ count and micro-batch. The target is within +-25% of the measurement on every ro
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import functools
 import importlib
@@ -27,7 +30,9 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,7 +62,7 @@ MARKERS = ("<!-- memory: start -->", "<!-- memory: end -->")
 
 
 def child(sample: str, size: str, micro: int, checkpointing: bool, device: str) -> None:
-    """Measure one row in this process; print its JSON."""
+    """Measure one row in this process; write its JSON into $MEMORY_BENCH_OUT/rank<R>.json."""
     import torch
 
     package = sample.replace("-", "_")
@@ -74,25 +79,32 @@ def child(sample: str, size: str, micro: int, checkpointing: bool, device: str) 
     runtime = modules["runtime"].init_runtime(device)
     tokens = [torch.randint(0, 256, (micro, block_size + 1)) for _ in range(STEPS)]
     batches = [(window[:, :-1], window[:, 1:]) for window in tokens]
+
+    def train(config) -> Any:
+        model = modules["build"].build_on_meta(config)
+        make_optimizer = functools.partial(modules["optim"].build_optimizer, config=config)
+        engine = modules["engine"].Engine(model, make_optimizer, runtime, config)
+        scheduler = modules["optim"].build_scheduler(engine.optimizer, config, total_steps=100)
+        for batch in batches:
+            modules["train"].train_step(engine, scheduler, [batch], 1, config.max_grad_norm)
+        return engine
+
+    train(dataclasses.replace(config, model_size="30K"))  # first-use code and buffers
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
     else:
         Path("/proc/self/clear_refs").write_text("5")  # peak resident size := current
         before = resident("VmRSS")
-    model = modules["build"].build_on_meta(config)
-    make_optimizer = functools.partial(modules["optim"].build_optimizer, config=config)
-    engine = modules["engine"].Engine(model, make_optimizer, runtime, config)
-    scheduler = modules["optim"].build_scheduler(engine.optimizer, config, total_steps=100)
-    for batch in batches:
-        modules["train"].train_step(engine, scheduler, [batch], 1, config.max_grad_norm)
+    engine = train(config)
     if device == "cuda":
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - before
     else:
         peak = resident("VmHWM") - before
     params = sum(parameter.numel() for parameter in engine.model.parameters())
-    print(json.dumps({"peak": peak, "params": params}), flush=True)
+    out = Path(os.environ["MEMORY_BENCH_OUT"]) / f"rank{runtime.rank}.json"
+    out.write_text(json.dumps({"peak": peak, "params": params}))
 
 
 def resident(field: str) -> int:
@@ -114,10 +126,12 @@ def measure(row: tuple, checkpointing: bool, device: str) -> dict:
         launcher += [f"--nproc-per-node={processes}"]
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // processes))}
     env["MALLOC_MMAP_THRESHOLD_"] = "65536"  # freed tensors leave the resident set at once
-    result = subprocess.run([*launcher, *script], env=env, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise SystemExit(f"error: {row} failed:\n{result.stderr[-3000:]}")
-    figures = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    with tempfile.TemporaryDirectory() as out:
+        env["MEMORY_BENCH_OUT"] = out
+        result = subprocess.run([*launcher, *script], env=env, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise SystemExit(f"error: {row} failed:\n{result.stderr[-3000:]}")
+        figures = [json.loads(path.read_text()) for path in Path(out).glob("rank*.json")]
     return max(figures, key=lambda figure: figure["peak"])
 
 
