@@ -52,9 +52,13 @@ def ask(answered: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, A
 
 
 def unavailable(question: Question, value: Any, known: Mapping[str, Any]) -> str | None:
-    """Why `value` cannot be answered to `question` after the answers `known`, or None."""
+    """Why `value` cannot be answered to `question` after the answers `known`, or None. The
+    strategy, the last answer the plan depends on, is planned whole: `auto` is refused when
+    what it would pick cannot be rendered."""
     try:
         check({**known, question.key: value})
+        if question.key == "strategy":
+            plan(partial_answers({**known, question.key: value}))
     except AnswerError as error:
         return str(error)
     return None

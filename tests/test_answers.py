@@ -200,6 +200,10 @@ def test_the_questionnaire_disables_what_the_answers_so_far_rule_out_with_the_re
     assert "needs the GPU architecture" in unavailable(gpu_arch, "none", {"hardware": "cuda"})
     assert "MPS" in unavailable(strategy, "ddp", {"hardware": "mps"})
     assert "fp16 on CPU" in unavailable(precision, "fp16", {"hardware": "cpu"})
+    # `auto` is refused when what it would pick for these answers cannot be rendered.
+    big = {"task": "language-model", "model_size": "7B", "hardware": "cuda"}
+    big |= {"gpu_arch": "ampere", "gpus_per_node": 4, "gpu_memory_gb": 16, "framework": "fabric"}
+    assert "auto chose strategy=zero3-offload" in unavailable(strategy, "auto", big)
 
 
 def test_accelerate_with_fp16_is_refused_and_auto_on_volta_picks_fp32():
