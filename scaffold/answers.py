@@ -259,7 +259,7 @@ def coerce(question: Question, value: Any) -> Any:
     except (TypeError, ValueError):
         raise AnswerError(
             f"{key}={value!r} is not {KIND_NAMES[question.kind]}; "
-            f"answer e.g. {key}={question.default}"
+            f"answer e.g. {key}={str(question.default).lower()}"
         ) from None
     if question.choices and typed not in question.choices:
         raise AnswerError(

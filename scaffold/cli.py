@@ -192,6 +192,8 @@ def cmd_update(args: argparse.Namespace) -> int:
     )
     for note in result.notes:
         print(f"migration note {note}")
+    for line in result.warnings:  # e.g. a recorded strategy too small for a new model_size
+        print(f"scaffold: warning: {line}", file=sys.stderr)
     if args.dry_run:
         print(result.diff or f"no changes from {result.old_tag} to {result.new_tag}")
         return 0

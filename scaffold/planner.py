@@ -28,8 +28,8 @@ from scaffold.answers import (
 )
 from scaffold.errors import AnswerError, NotAvailableYet
 from scaffold.memory import GIB, Estimate, estimate, gib
-from scaffold.recipes import SMALL_LM_RECIPE, Recipe, recipe_for
-from scaffold.shapes import ModelShape, cnn_for, decoder_for
+from scaffold.recipes import GPT3_CONTEXT, SMALL_LM_RECIPE, Recipe, recipe_for, total_steps
+from scaffold.shapes import ModelShape, cnn_for, decoder_for, largest_decoder
 
 # Share of device memory a plan may fill: the seeds' "raise batch size until memory is ~85-90%
 # used" (002 §6), the rest left to the CUDA context, the allocator's fragmentation and NCCL.
@@ -125,11 +125,22 @@ def plan(answers: Answers) -> Plan:
     precision = _precision(answers, reasons)
     if precision != "fp32" and answers.hardware == "mps":
         warnings.append(
-            f"precision={precision} on MPS is untested here; the seeds advise starting in fp32"
+            f"precision={precision} on MPS is untested here; start in fp32, switch once it trains"
         )
     recipe = recipe_for(answers.task, answers.model_params)
     shape = model_shape(answers.task, answers.model_params, recipe.block_size)
-    fit = _choose_strategy(answers, precision, shape, recipe, reasons, warnings)
+    choice: tuple[list[str], list[str]] = ([], [])
+    fit = _choose_strategy(answers, precision, shape, recipe, *choice)
+    if answers.precision == "auto" and precision == "fp16" and fit.strategy in SHARDED_STRATEGIES:
+        precision = "fp32"  # fp16's loss scaling is not rendered for sharded strategies
+        reasons[-1] = (
+            f"precision=fp32: Volta/Turing lack bf16, and this model needs strategy="
+            f"{fit.strategy}, for which fp16's loss scaling is not rendered"
+        )
+        choice = ([], [])
+        fit = _choose_strategy(answers, precision, shape, recipe, *choice)
+    reasons += choice[0]
+    warnings += choice[1]
     strategy = fit.strategy
     _no_fp16_when_sharded({"strategy": strategy, "precision": precision})  # auto's choices
     coerce(QUESTION_BY_KEY["strategy"], strategy)  # NotAvailableYet if not rendered yet
@@ -163,6 +174,14 @@ def _cuda_needs_an_architecture(values: Mapping[str, Any]) -> None:
         raise AnswerError(
             "hardware=cuda needs the GPU architecture; "
             "answer gpu_arch=hopper, ampere or volta-turing"
+        )
+
+
+def _cuda_needs_its_memory(values: Mapping[str, Any]) -> None:
+    if values["hardware"] == "cuda" and not values["gpu_memory_gb"]:
+        raise AnswerError(
+            "hardware=cuda needs the memory of one GPU to plan the run; answer gpu_memory_gb "
+            "in GiB (nvidia-smi's MiB / 1024: 79.6 for an 80 GB H100, 39.4 for a 40 GB A100)"
         )
 
 
@@ -216,6 +235,17 @@ def _image_model_size(values: Mapping[str, Any]) -> None:
         )
 
 
+def _decoder_size(values: Mapping[str, Any]) -> None:
+    size = values["model_size"]
+    largest = largest_decoder(GPT3_CONTEXT).params
+    if values["task"] == "language-model" and parse_model_size(size) > largest:
+        raise AnswerError(
+            f"model_size={size} is more than the largest decoder the example renders ({largest:,} "
+            "parameters: 64 blocks of width 32,768); answer a smaller model_size, or render one "
+            "and put your own model in model.py"
+        )
+
+
 def _framework_renders(values: Mapping[str, Any]) -> None:
     framework = values["framework"]
     for key, rendered in FRAMEWORK_RENDERS.get(framework, {}).items():
@@ -236,12 +266,14 @@ def _fits_somewhere(values: Mapping[str, Any]) -> None:
 
 RULES: tuple[tuple[tuple[str, ...], Callable[[Mapping[str, Any]], None]], ...] = (
     (("hardware", "gpu_arch"), _cuda_needs_an_architecture),
+    (("hardware", "gpu_memory_gb"), _cuda_needs_its_memory),
     (("hardware", "precision"), _no_fp16_on_cpu),
     (("gpu_arch", "precision"), _no_bf16_on_volta),
     (("hardware", "strategy"), _one_process_on_mps),
     (("hardware", "strategy", "gpus_per_node", "num_nodes"), _single_means_one_gpu),
     (("strategy", "precision"), _no_fp16_when_sharded),
     (("task", "model_size"), _image_model_size),
+    (("task", "model_size"), _decoder_size),
     (("framework",), _framework_renders),
     (("task", "model_size", "hardware", "host_memory_gb"), _fits_somewhere),
 )
@@ -382,8 +414,8 @@ def _choose_strategy(
         if not chosen.fits:
             warnings.append(
                 f"strategy={answers.strategy} may run out of memory: even at micro-batch 1 with "
-                f"activation checkpointing it needs ~{gib(chosen.estimate.peak)} GiB per device, "
-                f"more than {gib(usable)} GiB usable of {where}{_auto_would(answers, precision)}"
+                f"activation checkpointing, {_why_not(answers, chosen)} (usable: "
+                f"{gib(usable)} GiB of {where}){_auto_would(answers, precision)}"
             )
         reasons.append(f"strategy={answers.strategy}: as answered")
         return chosen
@@ -392,14 +424,26 @@ def _choose_strategy(
         chosen = fit(answers, strategy, precision, shape, recipe)
         if chosen.fits:
             break
-        tried.append(f"{strategy} needs ~{gib(chosen.estimate.peak)} GiB at micro-batch 1")
+        tried.append(_why_not(answers, chosen))
     else:
         warnings.append(
-            f"no strategy fits {gib(usable)} GiB usable of {where} even at micro-batch 1 with "
-            f"activation checkpointing ({'; '.join(tried)}); the run may run out of memory"
+            f"no strategy fits even at micro-batch 1 with activation checkpointing "
+            f"({'; '.join(tried)}); the run may run out of memory"
         )
-    reasons.append(_strategy_reason(answers, chosen, shape, tried, usable, where))
+    others = tried if chosen.fits else tried[:-1]  # the chosen one's own says why it does not
+    reasons.append(_strategy_reason(answers, chosen, shape, others, usable, where))
     return chosen
+
+
+def _why_not(answers: Answers, chosen: Fit) -> str:
+    """Why `chosen` (which does not fit) does not: its device peak, or offload's host memory."""
+    peak, host = chosen.estimate.peak, chosen.estimate.host
+    if peak <= usable_bytes(answers) and host > _host_usable(answers):
+        return (
+            f"{chosen.strategy} needs ~{gib(host)} GiB of host memory per node, more than the "
+            f"{gib(_host_usable(answers))} usable of {answers.host_memory_gb:g} GiB"
+        )
+    return f"{chosen.strategy} needs ~{gib(peak)} GiB per device at micro-batch 1"
 
 
 def _auto_would(answers: Answers, precision: str) -> str:
@@ -427,6 +471,7 @@ def _strategy_reason(
         many = chosen.strategy == "ddp"
         return head + (f"replicate over {answers.world_size} GPUs; " if many else "") + detail
     fits = f"~{gib(chosen.estimate.peak)} GiB per device fits {gib(usable)} GiB usable of {where}"
+    fits = fits if chosen.fits else f"it does not fit either: {_why_not(answers, chosen)}"
     passed = f" ({'; '.join(tried)})" if tried else ""
     if chosen.strategy == "single":
         return head + f"one device, and the model fits on it: {fits}"
@@ -439,10 +484,11 @@ def _strategy_reason(
             head + f"model state (~{gib(state)} GiB at {MODEL_STATE_BYTES} B/parameter) does not "
             f"fit one GPU{passed}; shard it over {answers.world_size} GPUs: {fits}"
         )
+    gpus = "the GPU" if answers.world_size == 1 else f"{answers.world_size} GPUs, even sharded"
     return (
-        head + f"model state (~{gib(state)} GiB) does not fit even sharded over all "
-        f"{answers.world_size} GPUs{passed}; shard it and keep the optimizer state and parameters "
-        f"in CPU memory (~{gib(chosen.estimate.host)} GiB per node): {fits}"
+        head + f"model state (~{gib(state)} GiB) does not fit {gpus}{passed}; shard it and keep "
+        f"the optimizer state and parameters in CPU memory (~{gib(chosen.estimate.host)} GiB "
+        f"per node): {fits}"
     )
 
 
@@ -467,15 +513,14 @@ def _settings(
             else "all of the stdlib's source; point text_path at a corpus this model deserves"
         )
         settings["corpus_bytes"] = Setting(recipe.corpus_bytes, corpus)
-    fits = (
-        f"fits: ~{gib(chosen.estimate.peak)} of {gib(usable)} GiB usable per device"
-        if usable
-        else "is the whole batch per process (memory not given, so fit is not checked)"
-    )
-    settings["micro_batch_size"] = Setting(
-        chosen.micro_batch,
-        f"the largest divisor of the {per_process} {unit} per process that {fits}",
-    )
+    peak = f"~{gib(chosen.estimate.peak)} of {gib(usable)} GiB usable per device"
+    if not usable:
+        micro = f"the whole {per_process} {unit} per process (memory not given: not checked)"
+    elif chosen.fits:
+        micro = f"the largest divisor of the {per_process} {unit} per process that fits: {peak}"
+    else:
+        micro = f"the smallest, and still too much ({_why_not(answers, chosen)}): see the warning"
+    settings["micro_batch_size"] = Setting(chosen.micro_batch, micro)
     total = chosen.micro_batch * accumulation * world
     settings["grad_accum_steps"] = Setting(
         accumulation,
@@ -483,21 +528,33 @@ def _settings(
         f"optimizer step, {recipe.batch}",
     )
     settings["lr"] = Setting(recipe.lr, of_recipe("peak learning rate"))
-    warmup = (
-        "GPT-3's warmup over 375M tokens (Brown et al. 2020, Appendix B)"
-        if recipe.name.startswith("GPT-3")
-        else of_recipe("warmup")
-    )
-    settings["warmup_steps"] = Setting(recipe.warmup_steps, warmup)
-    settings["activation_checkpointing"] = Setting(
-        chosen.checkpointing,
-        "needed: no micro-batch fits without it"
-        if chosen.checkpointing
-        else "off: the plan fits without recomputing activations",
-    )
+    settings["warmup_steps"] = _warmup(recipe, total)
+    if not usable:
+        checkpointing = "off: memory not given, so nothing says it is needed"
+    elif chosen.checkpointing:
+        checkpointing = "on: no micro-batch fits without it"
+    else:
+        checkpointing = "off: the plan fits without recomputing activations"
+    settings["activation_checkpointing"] = Setting(chosen.checkpointing, checkpointing)
     for key, setting in settings.items():
         reasons.append(f"{key}={setting.as_toml()}: {setting.source}")
     return settings
+
+
+def _warmup(recipe: Recipe, sequences_per_step: int) -> Setting:
+    """The recipe's warmup; GPT-3's (375M tokens) only while it is at most a tenth of the
+    planned run (its epochs over its corpus), else a tenth of that run."""
+    if not recipe.name.startswith("GPT-3"):
+        return Setting(recipe.warmup_steps, f"{recipe.name}'s warmup ({recipe.citation})")
+    gpt3 = "GPT-3's warmup over 375M tokens (Brown et al. 2020, Appendix B)"
+    steps = total_steps(recipe, sequences_per_step)
+    if recipe.warmup_steps <= steps // 10:
+        return Setting(recipe.warmup_steps, gpt3)
+    return Setting(
+        max(1, steps // 10),
+        f"a tenth of the ~{steps} optimizer steps the planned corpus gives; {gpt3} would be "
+        f"{recipe.warmup_steps} steps: set that with a corpus of your own",
+    )
 
 
 def _precision(answers: Answers, reasons: list[str]) -> str:
@@ -518,7 +575,9 @@ def _precision(answers: Answers, reasons: list[str]) -> str:
         reasons.append("precision=fp16: Volta/Turing lack bf16; fp16 autocast + GradScaler")
         return "fp16"
     if hardware == "mps":
-        reasons.append("precision=fp32: on MPS, start in fp32 (seeds: precision by hardware)")
+        reasons.append(
+            "precision=fp32: on MPS, fp32 first (16-bit autocast is not stable on every op)"
+        )
         return "fp32"
     reasons.append("precision=fp32: bf16 autocast is slower than fp32 on CPU")
     return "fp32"

@@ -46,8 +46,11 @@ def ask(answered: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, A
         default = defaults.get(question.key, question.default)
         answers[question.key] = known[question.key] = _ask_one(question, default, known)
         if question.key == "strategy":
-            for line in plan(partial_answers(known)).describe():
+            planned = plan(partial_answers(known))
+            for line in planned.describe():
                 questionary.print(line, style="fg:ansiblue")
+            for line in planned.warnings:
+                questionary.print(f"  warning: {line}", style="fg:ansiyellow")
     return answers
 
 
@@ -81,11 +84,15 @@ def _ask_one(question: Question, default: Any, known: Mapping[str, Any]) -> Any:
     if question.kind is bool:
         return questionary.confirm(question.prompt, default=bool(default)).unsafe_ask()
     if question.choices:
+        reasons = {value: unavailable(question, value, known) for value in question.choices}
+        for value, reason in reasons.items():  # whole, where the menu line would cut it short
+            if reason:
+                questionary.print(f"  {value} cannot be chosen: {reason}", style="fg:ansiyellow")
         choices = [
             questionary.Choice(
                 strategy_title(value, known) if question.key == "strategy" else value,
                 value=value,
-                disabled=unavailable(question, value, known),
+                disabled=reasons[value] and "cannot be chosen: see above",
             )
             for value in question.choices
         ]

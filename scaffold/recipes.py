@@ -84,3 +84,16 @@ def recipe_for(task: str, params: int) -> Recipe:
         block_size=GPT3_CONTEXT,
         corpus_bytes=STDLIB_CORPUS_BYTES,
     )
+
+
+# The language-model example's run (its config_fields.py): epochs over the corpus, and the share
+# of the corpus held out for validation.
+LM_EPOCHS = 4
+LM_VAL_FRACTION = 0.1
+
+
+def total_steps(recipe: Recipe, sequences_per_step: int) -> int:
+    """Optimizer steps of the language model's example run with `recipe`'s corpus and context
+    at `sequences_per_step` (an estimate: whole windows of the training share, per epoch)."""
+    windows = (int(recipe.corpus_bytes * (1 - LM_VAL_FRACTION)) - 1) // recipe.block_size
+    return LM_EPOCHS * max(1, math.ceil(windows / sequences_per_step))

@@ -75,7 +75,7 @@ class DecoderShape:
         return sum(self.unit_params) + self.root_params
 
     def describe(self) -> str:
-        """e.g. 'decoder of 16 blocks, width 6048, context 2048'."""
+        """e.g. 'decoder of 32 blocks, width 4288, context 2048'."""
         return f"decoder of {self.depth} blocks, width {self.width}, context {self.block_size}"
 
     def activations(
@@ -168,18 +168,22 @@ class CNNShape:
 ModelShape = DecoderShape | CNNShape
 
 
+DECODER_MAX_WIDTH_UNITS = 1024  # widths up to 1024 x HEAD_DIM = 32,768 channels
+
+
 def decoder_depth(params: int) -> int:
-    """Blocks for a parameter budget: 2 up to 1M, 4 up to 20M, 8 up to 200M, then 16."""
-    if params <= 10**6:
-        return 2
-    return 4 if params <= 2 * 10**7 else 8 if params <= 2 * 10**8 else 16
+    """Blocks for a parameter budget: 2 up to 1M, then twice as many for every tenfold (4 up to
+    20M, 8 up to 200M, 16 up to 2B, 32 up to 20B), 64 beyond."""
+    limits = (10**6, 2 * 10**7, 2 * 10**8, 2 * 10**9, 2 * 10**10)
+    return 2 ** (1 + sum(params > limit for limit in limits))
 
 
 def decoder_for(params: int, block_size: int) -> DecoderShape:
     """The decoder `build_model` renders for `params`: at `decoder_depth` blocks, the smallest
-    width (a multiple of HEAD_DIM, at most 512 of them) that reaches `params`."""
+    width (a multiple of HEAD_DIM, at most DECODER_MAX_WIDTH_UNITS of them) that reaches
+    `params`; the widest one when none does (see `largest_decoder`)."""
     depth = decoder_depth(params)
-    low, high = 1, 512  # in units of HEAD_DIM channels
+    low, high = 1, DECODER_MAX_WIDTH_UNITS
     while low < high:
         middle = (low + high) // 2
         reached = DecoderShape(HEAD_DIM * middle, depth, block_size).params >= params
@@ -195,3 +199,8 @@ def cnn_for(params: int) -> CNNShape:
         middle = (low + high) // 2
         low, high = (low, middle) if CNNShape(8 * middle).params >= params else (middle + 1, high)
     return CNNShape(8 * low)
+
+
+def largest_decoder(block_size: int) -> DecoderShape:
+    """The largest decoder the rendered `model.py` builds: 64 blocks of the widest width."""
+    return DecoderShape(HEAD_DIM * DECODER_MAX_WIDTH_UNITS, decoder_depth(10**12), block_size)

@@ -45,6 +45,7 @@ class UpdateResult:
     changed: bool = False
     notes: list[str] = field(default_factory=list)
     diff: str = ""
+    warnings: tuple[str, ...] = ()
 
 
 def find_project(start: Path) -> Path:
@@ -102,7 +103,9 @@ def check_updatable(project: Path, recorded: Mapping[str, Any], version: str) ->
             f"{top} has {count} uncommitted or untracked file(s); commit or stash them first"
         )
     old = _version_of(str(recorded.get("_commit", "")))
-    if old > Version(version):
+    # A local tag of the same release (v0.1.0+dev.<tree>: a changed template without a version
+    # bump) is not newer than the release itself.
+    if Version(old.public) > Version(Version(version).public):
         raise ProjectError(
             f"{project} was made by scaffold {old}, newer than the installed {version}; "
             f"upgrade scaffold (pip install -U scaffold) instead of downgrading the project"
@@ -166,6 +169,7 @@ def update_project(
     old_tag = str(recorded["_commit"])
     source, new_tag = ensure_template_repo(version, template, source)
     result = UpdateResult(old_tag, new_tag, notes=notes_between(old, _version_of(new_tag)))
+    result.warnings = planned.warnings
     missing = not recopy and not has_template_version(source, old_tag)
     if missing and not restore_template_version(project, source, old_tag):
         raise ProjectError(

@@ -53,7 +53,9 @@ def test_copier_choices_match_the_renderable_answers():
 
 
 def answers(**values):
-    return build_answers(merge_sources(values, {"project_name": "demo"}))
+    """Answers for a machine whose memory is known (a CUDA answer needs its GPUs' memory)."""
+    machine = {"project_name": "demo", "gpu_memory_gb": 80, "host_memory_gb": 512}
+    return build_answers(merge_sources(values, machine))
 
 
 @pytest.mark.parametrize(
@@ -92,10 +94,13 @@ def test_every_hardware_and_strategy_renders():
         assert all(question.renders(value) for value in question.choices), key
 
 
-def test_fsdp2_with_fp16_is_refused_with_the_way_out():
+def test_fsdp2_with_fp16_is_refused_with_the_way_out_and_auto_picks_fp32_there():
+    volta = {"hardware": "cuda", "gpu_arch": "volta-turing", "gpus_per_node": 4}
     with pytest.raises(AnswerError, match="precision=bf16 or fp32"):
-        plan(answers(hardware="cuda", gpu_arch="volta-turing", gpus_per_node=4,
-                     strategy="fsdp2"))  # fmt: skip
+        plan(answers(**volta, strategy="fsdp2", precision="fp16"))
+    resolved = plan(answers(**volta, strategy="fsdp2"))
+    assert resolved.answers.precision == "fp32"
+    assert "fp16's loss scaling is not rendered" in resolved.reasons[0]
 
 
 def test_forcing_single_on_a_small_gpu_warns_about_memory():

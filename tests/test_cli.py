@@ -109,6 +109,10 @@ BAD_INPUTS = {
             "x",
             "--defaults",
             "--data",
+            "gpu_memory_gb=16",
+            "--data",
+            "precision=fp16",
+            "--data",
             "hardware=cuda",
             "--data",
             "gpu_arch=volta-turing",
@@ -125,6 +129,10 @@ BAD_INPUTS = {
         [
             "x",
             "--defaults",
+            "--data",
+            "gpu_memory_gb=16",
+            "--data",
+            "precision=fp16",
             "--data",
             "hardware=cuda",
             "--data",
@@ -154,10 +162,16 @@ BAD_INPUTS = {
     ),  # fmt: skip
     "fp16-on-cpu": (["x", "--defaults", "--data", "precision=fp16"], "answer bf16 or fp32"),
     "cuda-without-arch": (["x", "--defaults", "--data", "hardware=cuda"], "gpu_arch"),
+    "cuda-without-memory": (
+        ["x", "--defaults", "--data", "hardware=cuda", "--data", "gpu_arch=ampere"],
+        "answer gpu_memory_gb in GiB",
+    ),
     "bf16-on-turing": (
         [
             "x",
             "--defaults",
+            "--data",
+            "gpu_memory_gb=16",
             "--data",
             "hardware=cuda",
             "--data",
@@ -171,6 +185,8 @@ BAD_INPUTS = {
         [
             "x",
             "--defaults",
+            "--data",
+            "gpu_memory_gb=16",
             "--data",
             "hardware=cuda",
             "--data",
@@ -239,8 +255,9 @@ def test_interactive_prompts_with_a_pseudo_terminal(tmp_path):
     answer("Project name")
     answer("Example task")
     answer("Hardware", DOWN)  # cpu -> cuda
+    # `none` is shown disabled, its reason whole above the menu.
+    child.expect("none cannot be chosen: hardware=cuda needs the GPU architecture; answer")
     child.expect("GPU architecture")
-    child.expect("needs the GPU architecture")  # `none` is shown disabled, with the reason
     child.send("\r")  # the first choice that can work: hopper
     answer("GPUs per node", BACKSPACE + "2")
     answer("Number of nodes")
@@ -251,9 +268,9 @@ def test_interactive_prompts_with_a_pseudo_terminal(tmp_path):
     child.send(BACKSPACE * 2 + "100K\r")
     answer("Training framework")
     answer("Precision", DOWN * 2)  # auto -> fp32 -> bf16
+    child.expect("single cannot be chosen: strategy=single uses one device but 2 GPUs")
     child.expect("Parallelism strategy")
     child.expect(r"auto  \[ddp, ~")  # what auto picks, and what it needs per device
-    child.expect("strategy=single uses one device but 2 GPUs")  # disabled, with the reason
     child.send("\r")
     child.expect("Estimated memory per device")  # the plan, before the last question
     answer("torch.compile")
@@ -307,7 +324,7 @@ def test_plan_prints_each_decision_and_the_memory_table_and_writes_nothing(tmp_p
                           cwd=tmp_path, env=env)  # fmt: skip
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("Plan for language-model, model_size=7B: 7,039,787,328 parameters")
+    assert lines[0].startswith("Plan for language-model, model_size=7B: 7,073,356,160 parameters")
     decisions = ["precision=bf16:", "strategy=fsdp2:", "block_size=2048:", "lr=1.2e-4:"]
     decisions += ["micro_batch_size=", "grad_accum_steps=", "activation_checkpointing="]
     for decision in decisions:

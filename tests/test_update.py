@@ -12,6 +12,7 @@ from conftest import REPO_ROOT, run_in_project, run_scaffold, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from scaffold.errors import ProjectError
 from scaffold.samples import render_variant
 
 NEW_VERSION = "0.2.0"
@@ -382,3 +383,32 @@ def test_update_from_a_subfolder_finds_the_project(project, new_template):
     result = run_scaffold("update", *args, cwd=project / "src" / "demo")
     assert result.returncode == 0, result.stderr
     assert LOOP_FIX in (project / "src" / "demo" / "train.py").read_text()
+
+
+def test_a_new_model_size_is_re_planned_and_a_recorded_strategy_that_no_longer_fits_warns(
+    tmp_path,
+):
+    """The answers file records the strategy `auto` chose (DDP for a 1M model on 8 GPUs); at 7B
+    the update re-plans train.toml (GPT-3 6.7B's recipe) and warns that DDP will not fit."""
+    project = tmp_path / "lm"
+    render_variant("lm-ddp-bf16", project, init_git=True)
+    result = run_scaffold("update", str(project), "--data", "model_size=7B", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "strategy=ddp may run out of memory" in result.stderr
+    assert "strategy=auto would choose fsdp2" in result.stderr
+    toml = (project / "configs" / "train.toml").read_text()
+    assert "block_size = 2048" in toml and "lr = 1.2e-4" in toml
+    answers = (project / ".copier-answers.yml").read_text()
+    assert "model_size: 7B" in answers and "strategy: ddp" in answers
+
+
+def test_a_dev_tag_of_the_installed_release_is_not_a_newer_scaffold(project):
+    """A template changed without a version bump is rendered as v<version>+dev.<tree>; the same
+    installed release must still update it (PEP 440 orders the local tag above the release)."""
+    from scaffold.update import check_updatable
+
+    assert str(check_updatable(project, {"_commit": "v0.1.0+dev.39dd24abb57b"}, "0.1.0")) == (
+        "0.1.0+dev.39dd24abb57b"
+    )
+    with pytest.raises(ProjectError, match="newer than the installed 0.1.0"):
+        check_updatable(project, {"_commit": "v0.2.0"}, "0.1.0")

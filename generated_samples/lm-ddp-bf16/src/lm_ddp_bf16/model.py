@@ -114,8 +114,10 @@ def count_parameters(model: nn.Module) -> int:
 
 
 def depth_for(params: int) -> int:
-    """Blocks for a parameter budget: 2 up to 1M, 4 up to 20M, 8 up to 200M, then 16."""
-    return 2 if params <= 10**6 else 4 if params <= 2 * 10**7 else 8 if params <= 2 * 10**8 else 16
+    """Blocks for a parameter budget: 2 up to 1M, then twice as many for every tenfold (4 up to
+    20M, 8 up to 200M, 16 up to 2B, 32 up to 20B), 64 beyond."""
+    limits = (10**6, 2 * 10**7, 2 * 10**8, 2 * 10**9, 2 * 10**10)
+    return 2 ** (1 + sum(params > limit for limit in limits))
 
 
 def width_for_param_count(target: int, depth: int, block_size: int) -> int:
@@ -123,7 +125,7 @@ def width_for_param_count(target: int, depth: int, block_size: int) -> int:
 
     Built on the meta device, so sizing allocates no memory.
     """
-    low, high = 1, 512  # in units of HEAD_DIM channels
+    low, high = 1, 1024  # in units of HEAD_DIM channels
     while low < high:
         middle = (low + high) // 2
         with torch.device("meta"):
