@@ -12,6 +12,7 @@ import decimal
 import keyword
 import re
 import sys
+import unicodedata
 from collections import ChainMap
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -111,17 +112,61 @@ def framework_renders(framework: str, key: str, value: str) -> bool:
     return value == "auto" or rendered is None or value in rendered
 
 
-# Names that would shadow a module the project imports, or the standard library.
-RESERVED_PACKAGE_NAMES = frozenset(sys.stdlib_module_names) | {
-    "torch",
-    "numpy",
-    "sklearn",
-    "tqdm",
-    "pytest",
-    "tests",
-    "test",
-    "src",
-}
+# Top-level modules the rendered project, its tests or its tools import (a test checks the
+# template's imports against this list); a package of the same name would shadow one of them.
+PROJECT_IMPORTS = frozenset(
+    {
+        "torch",
+        "numpy",
+        "sklearn",
+        "tqdm",
+        "safetensors",
+        "tensorboard",
+        "matplotlib",
+        "lightning",
+        "accelerate",
+        "deepspeed",
+        "wandb",
+        "pytest",
+        "conftest",  # the project's tests/conftest.py
+        "ruff",
+        "hatchling",
+    }
+)
+# Modules every environment has or runs at start-up (site imports sitecustomize from sys.path).
+ENVIRONMENT_MODULES = frozenset(
+    {"pip", "setuptools", "pkg_resources", "wheel", "sitecustomize", "usercustomize"}
+)
+# Folders of the rendered project whose names a package must not take.
+PROJECT_FOLDERS = frozenset({"tests", "src"})
+# The standard library, with CPython's own `test` package (left out of stdlib_module_names).
+STDLIB_MODULES = frozenset(sys.stdlib_module_names) | {"test"}
+RESERVED_PACKAGE_NAMES = STDLIB_MODULES | PROJECT_IMPORTS | ENVIRONMENT_MODULES | PROJECT_FOLDERS
+# Distribution names (PEP 503 normalised) of the rendered project's requirements: a project of
+# the same name would require itself.
+PROJECT_DISTRIBUTIONS = frozenset(
+    {
+        "torch",
+        "numpy",
+        "scikit-learn",
+        "tqdm",
+        "safetensors",
+        "tensorboard",
+        "matplotlib",
+        "lightning",
+        "accelerate",
+        "deepspeed",
+        "wandb",
+        "pytest",
+        "ruff",
+        "hatchling",
+    }
+)
+# File names Windows reserves in every folder (with any extension), case-insensitively.
+WINDOWS_DEVICE_NAMES = frozenset(
+    {"con", "prn", "aux", "nul"} | {f"{port}{n}" for port in ("com", "lpt") for n in range(1, 10)}
+)
+PROJECT_NAME_MAX = 100  # the package folder and its .dist-info must fit a 255-byte file name
 PROJECT_NAME = re.compile(r"[A-Za-z]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 KIND_NAMES = {str: "text", int: "a whole number", float: "a number", bool: "true or false"}
 MODEL_SIZE = re.compile(r"(\d+(?:\.\d+)?(?:E\d{1,2})?)([KMB]?)")
@@ -168,30 +213,88 @@ class Answers:
 def package_name_for(project_name: str) -> str:
     """The import name of a project: lower case, `-` and `.` runs replaced by `_`.
 
+    A project name is ASCII letters, digits, `-`, `_` and `.`, starts with a letter and ends
+    with a letter or digit, so it is safe as a folder name, a distribution name, a TOML string
+    and a shell word. Non-ASCII letters are refused rather than transliterated: the distribution
+    name must be ASCII, and Python folds look-alike letters (full-width `ｔｏｒｃｈ` imports
+    `torch`).
+
     Raises:
-        AnswerError: the name has a path separator or `..`, does not start with a letter, or
-            does not become a Python identifier that is free to use.
+        AnswerError: the name is a path, holds another character, is longer than
+            PROJECT_NAME_MAX, does not start with a letter or end with a letter or digit,
+            makes a package that is a Python keyword or shadows a module (RESERVED_PACKAGE_NAMES),
+            is the distribution name of a requirement, or is a name Windows reserves. Each
+            message says what to answer instead.
     """
-    if "/" in project_name or "\\" in project_name or ".." in project_name:
+    name = project_name
+    if "/" in name or "\\" in name or ".." in name or name in {".", "~"}:
         raise AnswerError(
-            f"project name {project_name!r} holds a path separator or '..'; "
-            "answer a plain name such as my-project"
+            f"project name {name!r} holds a path separator or '..'; answer a plain name "
+            "such as my-project, and give the folder as DEST"
         )
-    package = re.sub(r"[-.]+", "_", project_name).lower()
-    if not PROJECT_NAME.fullmatch(project_name) or not package.isidentifier():
+    if not name.isascii():
+        foreign = [repr(c) for c in dict.fromkeys(c for c in name if not c.isascii())]
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
         raise AnswerError(
-            f"project name {project_name!r} does not normalise to a Python identifier; "
-            "use letters, digits, '-', '_' or '.', starting with a letter and ending with a "
-            "letter or digit"
+            f"project name {name!r} has non-ASCII characters ({shown}), which a distribution "
+            f"name cannot hold; answer an ASCII name such as {_ascii_suggestion(name)}"
         )
+    others = [c for c in dict.fromkeys(name) if not (c.isalnum() or c in "-_.")]
+    if others:
+        raise AnswerError(
+            f"project name {name!r} holds {', '.join(repr(c) for c in others)}; use only "
+            "letters, digits, '-', '_' or '.', e.g. my-project"
+        )
+    if len(name) > PROJECT_NAME_MAX:
+        raise AnswerError(
+            f"project name {name[:20]!r}... is {len(name)} characters, too long; "
+            f"answer at most {PROJECT_NAME_MAX}"
+        )
+    package = re.sub(r"[-.]+", "_", name).lower()
+    if not PROJECT_NAME.fullmatch(name) or not package.isidentifier():
+        raise AnswerError(
+            f"project name {name!r} is not a name starting with a letter and ending with a "
+            "letter or digit (so that its package is a Python identifier); answer e.g. my-project"
+        )
+    instead = f"choose another name, such as {name}-project"
+    makes = "is a Python keyword" if package == name else f"makes package {package!r}, a keyword"
     if keyword.iskeyword(package):
-        raise AnswerError(f"project name {project_name!r} is a Python keyword; choose another name")
+        raise AnswerError(f"project name {name!r} {makes}; {instead}")
     if package in RESERVED_PACKAGE_NAMES:
+        if package in STDLIB_MODULES:
+            shadowed = f"the standard library's {package} module"
+        elif package in PROJECT_IMPORTS:
+            shadowed = f"{package}, a module the project imports"
+        elif package in PROJECT_FOLDERS:
+            shadowed = f"the project's {package}/ folder"
+        else:
+            shadowed = f"{package}, a module every Python environment has"
         raise AnswerError(
-            f"project name {project_name!r} would make package {package!r}, which shadows a "
-            "module the project imports; choose another name"
+            f"project name {name!r} would make package {package!r}, which shadows {shadowed}; "
+            f"{instead}"
+        )
+    if re.sub(r"[-_.]+", "-", name).lower() in PROJECT_DISTRIBUTIONS:
+        raise AnswerError(
+            f"project name {name!r} is the name of a package the project requires, so it would "
+            f"require itself; {instead}"
+        )
+    if package in WINDOWS_DEVICE_NAMES:  # src/<package> could not be checked out there
+        raise AnswerError(
+            f"project name {name!r} is a file name Windows reserves ({package.upper()}); {instead}"
         )
     return package
+
+
+def _ascii_suggestion(name: str) -> str:
+    """An ASCII spelling of `name` (café -> cafe, full-width ｎｅｔ -> net) that is a valid
+    project name, else my-project."""
+    folded = unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", name))
+    candidate = folded.encode("ascii", "ignore").decode()
+    try:
+        package_name_for(candidate)
+    except AnswerError:
+        return "my-project"
+    return candidate
 
 
 def parse_model_size(text: str) -> int:

@@ -1,6 +1,10 @@
 """The command line: `scaffold new`, `scaffold plan`, `scaffold update`, `scaffold variants`,
 `scaffold samples`. Thin: it parses, calls, prints, and turns every ScaffoldError into one line
-on stderr and exit code 2."""
+on stderr and exit code 2.
+
+Exit codes: 0 done; 1 `update` left conflicts to resolve (or `samples --check` found stale
+files); 2 bad input, nothing written; 3 `update` could not apply template changes to files the
+project deleted (listed, with the command that brings one back); 130 cancelled."""
 
 from __future__ import annotations
 
@@ -17,10 +21,19 @@ from scaffold.variants import VARIANTS
 
 if TYPE_CHECKING:
     from scaffold.planner import Plan
+    from scaffold.update import UpdateResult
 
 EXIT_CONFLICTS = 1
 EXIT_USAGE = 2
+EXIT_DROPPED_CHANGES = 3
 EXIT_INTERRUPTED = 130
+UPDATE_EXIT_CODES = f"""exit status:
+  0  updated, or already up to date
+  {EXIT_CONFLICTS}  conflicts: resolve the <<<<<<< markers in the listed files, git add, commit
+  {EXIT_USAGE}  bad input or a project that cannot be updated as it is; nothing changed
+  {EXIT_DROPPED_CHANGES}  updated, but the template changed files this project deleted; those
+     changes were not applied (the files are listed with the command that brings one
+     back); exit {EXIT_CONFLICTS} wins when there are conflicts too"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,7 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder to create (its name is the default project name)",
     )
     _add_answer_options(new)
-    new.add_argument("--force", action="store_true", help="allow a non-empty DEST")
+    new.add_argument(
+        "--force",
+        action="store_true",
+        help="allow a non-empty DEST: rendered files replace same-named ones, only if the "
+        "whole render succeeds",
+    )
 
     planner = commands.add_parser(
         "plan", help="print the plan for a set of answers (strategy, batch, memory) and exit"
@@ -48,7 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_answer_options(planner)
 
     update = commands.add_parser(
-        "update", help="merge this scaffold's template fixes into an existing project"
+        "update",
+        help="merge this scaffold's template fixes into an existing project",
+        epilog=UPDATE_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     update.add_argument("dest", metavar="DEST", type=Path, nargs="?", default=Path("."))
     update.add_argument(
@@ -177,7 +198,9 @@ def _print_next_steps(answers: Answers, dest: Path) -> None:
 
 
 def cmd_update(args: argparse.Namespace) -> int:
-    """`scaffold update`: merge; exit 1 listing the conflicted files when markers remain."""
+    """`scaffold update`: merge; exit 1 listing the conflicted files when markers remain, else
+    exit 3 listing the files the template changed that the project deleted (copier leaves those
+    changes out), with the `git checkout` that brings one back (`UPDATE_EXIT_CODES`)."""
     from scaffold.update import update_project
 
     data = parse_data_pairs(args.data)
@@ -196,7 +219,15 @@ def cmd_update(args: argparse.Namespace) -> int:
         print(f"scaffold: warning: {line}", file=sys.stderr)
     if args.dry_run:
         print(result.diff or f"no changes from {result.old_tag} to {result.new_tag}")
+        if result.dropped:
+            print(
+                f"scaffold: note: the update would not apply the template's changes to "
+                f"{len(result.dropped)} file(s) this project deleted: {', '.join(result.dropped)}"
+                "; scaffold update lists them with the command that brings one back",
+                file=sys.stderr,
+            )
         return 0
+    _print_dropped(result)
     if result.conflicts:
         print(f"scaffold: conflicts in {len(result.conflicts)} file(s):", file=sys.stderr)
         for path in result.conflicts:
@@ -205,11 +236,30 @@ def cmd_update(args: argparse.Namespace) -> int:
         return EXIT_CONFLICTS
     if not result.changed:
         print(f"already up to date with {result.new_tag}; nothing changed")
-        return 0
+        return EXIT_DROPPED_CHANGES if result.dropped else 0
     how = "re-rendered" if args.recopy else "updated"
     versions = f"from {result.old_tag} to {result.new_tag}"
     print(f"{how} {args.dest.resolve()} {versions}; review with git diff, then commit")
-    return 0
+    return EXIT_DROPPED_CHANGES if result.dropped else 0
+
+
+def _print_dropped(result: UpdateResult) -> None:
+    """List the files whose template change the update left out, and how to bring one back."""
+    if not result.dropped:
+        return
+    print(
+        f"scaffold: the template changed {len(result.dropped)} file(s) that this project "
+        "deleted; the update did not apply those changes:",
+        file=sys.stderr,
+    )
+    for path in result.dropped:
+        print(f"  {path}", file=sys.stderr)
+    print(
+        f"to bring one back with the change, run in {result.project}: "
+        f"git checkout {result.restore_ref} -- PATH  (to read it first: "
+        f"git show {result.restore_ref}:./PATH); or leave it deleted",
+        file=sys.stderr,
+    )
 
 
 def cmd_variants(args: argparse.Namespace) -> int:

@@ -8,13 +8,15 @@ per scaffold version, tagged `v<version>`, never moved (DESIGN.md §4).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -181,18 +183,120 @@ def _tagged_tree(repo: Path, tag: str) -> str | None:
         return None
 
 
+def render_files(src_path: str, tag: str, data: Mapping[str, Any], dest: Path) -> None:
+    """Render template version `tag` of the repository at `src_path` with `data` into the new
+    folder `dest`: copier alone (no ruff, no git), as `scaffold update` renders each side of its
+    merge.
+
+    Raises:
+        RenderError: copier failed.
+    """
+    import copier
+    from copier.errors import CopierError, CopierWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CopierWarning)
+        try:
+            copier.run_copy(src_path, dest, data=dict(data), vcs_ref=tag, defaults=True, quiet=True)
+        except CopierError as error:
+            raise RenderError(f"copier failed: {error}") from error
+
+
+def store_folder_as_ref(project: Path, folder: Path, ref: str, message: str) -> None:
+    """Commit every file under `folder` into the git repository of `project` as `ref`, without
+    touching its work tree, index or branches.
+
+    The files sit at the project's path inside its repository, so that `git checkout REF --
+    PATH` run in `project` restores `folder/PATH` as `PATH`. The commit has scaffold's identity.
+
+    Raises:
+        RenderError: git failed.
+    """
+    git_dir = run_git("rev-parse", "--absolute-git-dir", cwd=project)
+    prefix = run_git("rev-parse", "--show-prefix", cwd=project)
+    with tempfile.TemporaryDirectory() as scratch:
+        env = {"GIT_DIR": git_dir, "GIT_INDEX_FILE": str(Path(scratch) / "index")}
+        files = {**env, "GIT_WORK_TREE": str(folder)}
+        run_git("add", "--all", "--force", ".", cwd=folder, env=files)
+        tree = run_git("write-tree", cwd=folder, env=files)
+        if prefix:  # the project is a folder inside a larger repository
+            env["GIT_INDEX_FILE"] = str(Path(scratch) / "prefixed")
+            run_git("read-tree", f"--prefix={prefix}", tree, cwd=folder, env=env)
+            tree = run_git("write-tree", cwd=folder, env=env)
+        commit = run_git(
+            "commit-tree", tree, "-m", message, cwd=folder, env={**env, **CACHE_GIT_IDENTITY}
+        )
+    run_git("update-ref", ref, commit, cwd=project)
+
+
 def check_destination(dest: Path, force: bool) -> None:
-    """Refuse a destination that is a file, or a non-empty folder unless `force`.
+    """Refuse a destination that is a file, a non-empty folder unless `force`, or a place this
+    user cannot write to (a folder without write permission, a read-only file system).
 
     Raises:
         DestinationError: with the way out in the message.
     """
-    if dest.exists() and not dest.is_dir():
+    try:
+        is_file = dest.exists() and not dest.is_dir()
+        non_empty = dest.is_dir() and any(dest.iterdir())
+    except OSError as error:
+        if error.errno == errno.ENAMETOOLONG:
+            shown = dest.name if len(dest.name) <= 40 else dest.name[:20] + "..."
+            raise DestinationError(
+                f"destination {shown} has a name too long for the file system; "
+                "choose a shorter folder name"
+            ) from None
+        raise DestinationError(
+            f"cannot use destination {dest}: {error.strerror or error}; choose another folder"
+        ) from None
+    if is_file:
         raise DestinationError(f"destination {dest} is a file; choose a new folder")
-    if dest.is_dir() and any(dest.iterdir()) and not force:
+    if non_empty and not force:
         raise DestinationError(
             f"destination {dest} is not empty; choose a new folder or pass --force to write into it"
         )
+    folder = staging_folder(dest)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise DestinationError(_cannot_write(dest, folder))
+
+
+def staging_folder(dest: Path) -> Path:
+    """Where `render_project` stages a render of `dest`: inside `dest` when it is a folder,
+    else in the nearest folder above it that exists (the same file system either way, so the
+    result moves into place by renaming).
+
+    Raises:
+        DestinationError: the nearest existing path above `dest` is a file.
+    """
+    dest = dest.resolve()
+    if dest.is_dir():
+        return dest
+    folder = next(parent for parent in dest.parents if parent.exists())
+    if not folder.is_dir():
+        raise DestinationError(
+            f"{folder} is a file, so {dest} cannot be created; choose a new folder"
+        )
+    return folder
+
+
+def _cannot_write(dest: Path, folder: Path, error: OSError | None = None) -> str:
+    """The one-line refusal of a `dest` whose staging `folder` cannot be written."""
+    if error is not None and error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"cannot write {dest}: {error.strerror or error} in {folder}; choose another folder"
+    try:
+        read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    read_only = read_only or (error is not None and error.errno == errno.EROFS)
+    if read_only:
+        return (
+            f"cannot write {dest}: {folder} is on a read-only file system; "
+            "choose a folder on a writable one"
+        )
+    return (
+        f"cannot write {dest}: {folder} is not writable by you; "
+        "choose a folder you can write to, or fix its permissions"
+    )
 
 
 def render_project(
@@ -201,54 +305,153 @@ def render_project(
     """Render the template with `data` (a plan's `copier_data()`) into `dest`, format it with
     ruff, make the first commit.
 
+    Everything happens in a staging folder on `dest`'s file system (see `staging_folder`); only
+    when copier, ruff and git have all succeeded does the project move into `dest`, by renames.
+    A new `dest` arrives whole, in one rename. Into an existing folder (`force`) the files move
+    one by one, each file they replace set aside until the last is in; if a move fails, every
+    move is undone. So a failure leaves `dest` as it was: not created, or with the same files
+    and the same bytes. With `force`, rendered files replace the user's files of the same name
+    and only the rendered files are formatted.
+
     The commit is made only when `dest` was new or empty: with `force` into a non-empty folder
     the rendered files are left for the user to review and commit.
 
-    On failure everything this call wrote is removed again (the folder too, if it created it).
-
     Raises:
-        DestinationError: see `check_destination`.
-        RenderError: copier, ruff or git failed.
+        DestinationError: see `check_destination`; or a rendered file would replace a folder
+            (or a rendered folder a file) in `dest`; or the staging folder cannot be created.
+        RenderError: copier, ruff or git failed, or a file replaced in `dest` could not be put
+            back after a failed move (the message says where it was kept).
     """
     import copier  # deferred: importing copier takes ~0.5 s that `--help` should not pay
     from copier.errors import CopierError, CopierWarning
 
     check_destination(dest, force)
-    existing = set(dest.iterdir()) if dest.is_dir() else None
+    target = dest.resolve()
+    was_empty = not target.is_dir() or not any(target.iterdir())
     src_path, tag = ensure_template_repo()
+    folder = staging_folder(target)
     try:
+        workspace = Path(tempfile.mkdtemp(prefix=".scaffold-new-", dir=folder))
+    except OSError as error:
+        raise DestinationError(_cannot_write(dest, folder, error)) from error
+    replaced = workspace / "replaced"
+    moved = False
+    try:
+        staged = workspace / target.name
+        staged.mkdir()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CopierWarning)  # copier's notes are not the user's
             copier.run_copy(
                 src_path,
-                dest,
+                staged,
                 data=dict(data),
                 vcs_ref=tag,
                 defaults=True,
-                overwrite=force,
+                overwrite=True,
                 quiet=True,
             )
-        format_with_ruff(dest)
-        if init_git and not existing:  # never commit files the user had in DEST
-            initial_commit(dest, tag)
-            keep_template_in_project(dest, src_path, tag)
-    except BaseException as error:
-        _remove_new_entries(dest, existing)
-        if isinstance(error, CopierError):
-            raise RenderError(f"copier failed: {error}") from error
+        format_with_ruff(staged)
+        if init_git and was_empty:  # never commit files the user had in DEST
+            initial_commit(staged, tag)
+            keep_template_in_project(staged, src_path, tag)
+        move_into_place(staged, target, replaced)
+        moved = True
+    except CopierError as error:
+        raise RenderError(f"copier failed: {error}") from error
+    finally:
+        if moved or not _holds_files(replaced):  # else the user's files wait there
+            shutil.rmtree(workspace, ignore_errors=True)
+
+
+def move_into_place(staged: Path, target: Path, replaced: Path) -> None:
+    """Move the folder `staged` to `target` by renames on one file system, all or nothing.
+
+    A missing `target` (and any missing folder above it) is created by one rename. Into an
+    existing folder, each staged file (or folder `target` lacks) is renamed in, and each file
+    or symbolic link it replaces is first renamed into `replaced`, under its relative path. On
+    any failure every rename is undone in reverse order and the error re-raised.
+
+    Raises:
+        DestinationError: a staged file would replace a folder, or a staged folder a file;
+            checked before anything moves.
+        RenderError: undoing failed; the message names where the user's files were kept.
+        OSError: a rename failed (and was undone).
+    """
+    moves: list[tuple[Path, Path]] = []  # renames done, (from, to), in order
+    created: list[Path] = []  # folders made above a new target, outermost first
+    placements = None if not target.exists() else list(_placements(staged, target))
+    try:
+        if placements is None:
+            for folder in reversed(target.parents):
+                if not folder.exists():
+                    folder.mkdir()
+                    created.append(folder)
+            _rename(staged, target, moves)
+            return
+        for source, goal in placements:
+            if goal.exists() or goal.is_symlink():
+                kept = replaced / goal.relative_to(target)
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                _rename(goal, kept, moves)
+            _rename(source, goal, moves)
+    except BaseException:
+        stuck = _undo(moves, created)
+        if stuck:
+            source, goal = stuck[0]
+            raise RenderError(
+                f"moving the project into {target} failed and {len(stuck)} move(s) could not be "
+                f"undone, e.g. {goal} back to {source}; the files it replaced are kept in "
+                f"{replaced}"
+            ) from None
         raise
 
 
-def _remove_new_entries(dest: Path, existing: set[Path] | None) -> None:
-    """Undo a failed render: remove `dest` if this call created it, else what it added there."""
-    if existing is None:
-        shutil.rmtree(dest, ignore_errors=True)
-        return
-    for entry in set(dest.iterdir()) - existing if dest.is_dir() else ():
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
+def _rename(source: Path, goal: Path, moves: list[tuple[Path, Path]]) -> None:
+    os.rename(source, goal)
+    moves.append((source, goal))
+
+
+def _placements(staged: Path, target: Path) -> Iterator[tuple[Path, Path]]:
+    """(staged path, path in target) for each rename that merges `staged` into `target`:
+    folders that exist in both are entered, everything else is moved whole."""
+    for entry in sorted(staged.iterdir()):
+        goal = target / entry.name
+        entry_is_folder = entry.is_dir() and not entry.is_symlink()
+        goal_is_folder = goal.is_dir() and not goal.is_symlink()
+        if entry_is_folder and goal_is_folder:
+            yield from _placements(entry, goal)
+        elif goal_is_folder:
+            raise DestinationError(
+                f"{goal} is a folder where the project has a file; "
+                "move it away or choose another destination"
+            )
+        elif entry_is_folder and goal.exists() and not goal.is_symlink():
+            raise DestinationError(
+                f"{goal} is a file where the project has a folder; "
+                "move it away or choose another destination"
+            )
         else:
-            entry.unlink(missing_ok=True)
+            yield entry, goal
+
+
+def _undo(moves: list[tuple[Path, Path]], created: list[Path]) -> list[tuple[Path, Path]]:
+    """Reverse `moves`, then remove the folders in `created`; return the moves not undone."""
+    stuck = []
+    for source, goal in reversed(moves):
+        try:
+            os.rename(goal, source)
+        except OSError:
+            stuck.append((source, goal))
+    for folder in reversed(created):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+    return stuck
+
+
+def _holds_files(folder: Path) -> bool:
+    return folder.is_dir() and any(
+        path.is_file() or path.is_symlink() for path in folder.rglob("*")
+    )
 
 
 def format_with_ruff(dest: Path) -> None:

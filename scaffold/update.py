@@ -5,10 +5,16 @@ the recorded answers, and applies the difference as a 3-way merge (conflicts inl
 0 even when conflict markers remain, so conflicts are read back from git afterwards. On a
 machine whose template cache lacks the project's version, that version is restored from the
 commit `scaffold new` kept in the project's git (refs/scaffold/templates/<tag>).
+
+copier also skips, without a word, a template change to a file the owner deleted (copier#1735).
+`dropped_changes` finds those files by rendering both template versions; the new version's
+render is kept in the project's git (refs/scaffold/rendered/<tag>) so that one command brings
+such a file back with the change.
 """
 
 from __future__ import annotations
 
+import filecmp
 import tempfile
 import warnings
 from collections.abc import Mapping
@@ -26,18 +32,25 @@ from scaffold.migrations import notes_between
 from scaffold.planner import Plan, plan
 from scaffold.render import (
     ensure_template_repo,
+    format_with_ruff,
     has_template_version,
     keep_template_in_project,
+    render_files,
     restore_template_version,
     run_git,
+    store_folder_as_ref,
 )
 
 ANSWERS_FILE = ".copier-answers.yml"
+# Where an update keeps the new template's render when it could not apply some of it.
+RENDERED_REFS = "refs/scaffold/rendered"
 
 
 @dataclass
 class UpdateResult:
-    """What an update did: versions, conflicted files, migration notes, a dry run's diff."""
+    """What an update did: versions, conflicted files, migration notes, a dry run's diff, and
+    the files whose template change was not applied because the project no longer has them
+    (`dropped`; `restore_ref` holds the new render, for `git checkout REF -- PATH`)."""
 
     old_tag: str
     new_tag: str
@@ -46,6 +59,9 @@ class UpdateResult:
     notes: list[str] = field(default_factory=list)
     diff: str = ""
     warnings: tuple[str, ...] = ()
+    project: Path | None = None
+    dropped: list[str] = field(default_factory=list)
+    restore_ref: str = ""
 
 
 def find_project(start: Path) -> Path:
@@ -156,6 +172,10 @@ def update_project(
     project is re-rendered from scratch with the recorded answers (no merge), for review with
     `git diff`. `template` overrides the bundled template (tests build a newer one).
 
+    Unless `recopy`, `result.dropped` lists the files the new template changes that the project
+    no longer has (see `dropped_changes`); the update did not apply those changes. After a real
+    update their new version is kept in the project's git as `result.restore_ref`.
+
     Raises:
         ProjectError: not a scaffold project, no git, a dirty tree, a downgrade, or the old
             template version is nowhere to be found (then `--recopy` is the way out).
@@ -170,6 +190,8 @@ def update_project(
     source, new_tag = ensure_template_repo(version, template, source)
     result = UpdateResult(old_tag, new_tag, notes=notes_between(old, _version_of(new_tag)))
     result.warnings = planned.warnings
+    result.project = project
+    old_answers = _render_data(recorded)
     missing = not recopy and not has_template_version(source, old_tag)
     if missing and not restore_template_version(project, source, old_tag):
         raise ProjectError(
@@ -177,13 +199,89 @@ def update_project(
             "run scaffold update --recopy and review the result with git diff"
         )
     if dry_run:
-        result.diff = _dry_run_diff(project, planned, new_tag, ask, recopy)
+        old = (old_tag, old_answers)
+        result.diff, result.dropped = _dry_run(project, planned, source, old, ask, recopy, new_tag)
         return result
     _run_copier(project, planned, new_tag, ask, recopy)
     result.conflicts = conflicted_files(project)
     result.changed = bool(run_git("status", "--porcelain", cwd=project))
     keep_template_in_project(project, source, new_tag)
+    if not recopy:  # a recopy renders every file again, deleted ones too
+        ref = f"{RENDERED_REFS}/{new_tag}"
+        new_answers = _answers_after(project, planned)
+        result.dropped = dropped_changes(
+            project, source, (old_tag, old_answers), (new_tag, new_answers), keep_as=ref
+        )
+        result.restore_ref = ref if result.dropped else ""
     return result
+
+
+def dropped_changes(
+    project: Path,
+    source: str,
+    old: tuple[str, Mapping[str, Any]],
+    new: tuple[str, Mapping[str, Any]],
+    keep_as: str | None = None,
+) -> list[str]:
+    """Files (relative to `project`, sorted) that template version `new` renders differently
+    from version `old` but that the project does not have: its owner deleted or moved them, so
+    copier's update left the change out without a word.
+
+    `old` and `new` are (tag, copier data) of the template repository at `source`. A deleted
+    file that the template did not change is not listed: the update lost nothing there. With
+    `keep_as` and something listed, the new version's render (formatted as `scaffold new`
+    formats it) is committed into the project's git as that ref, for
+    `git checkout REF -- PATH`.
+
+    Raises:
+        RenderError: copier, ruff or git failed.
+    """
+    with tempfile.TemporaryDirectory() as scratch:
+        new_render = Path(scratch) / "new" / project.name
+        render_files(source, new[0], new[1], new_render)
+        missing = [
+            path
+            for path in _files_under(new_render)
+            if not (project / path).exists() and not (project / path).is_symlink()
+        ]
+        if not missing:
+            return []
+        old_render = Path(scratch) / "old" / project.name
+        render_files(source, old[0], old[1], old_render)
+        dropped = [
+            path
+            for path in missing
+            if (old_render / path).is_file()
+            and not filecmp.cmp(old_render / path, new_render / path, shallow=False)
+        ]
+        if dropped and keep_as:
+            format_with_ruff(new_render)
+            message = f"scaffold template {new[0]} rendered with this project's answers"
+            store_folder_as_ref(project, new_render, keep_as, message)
+        return dropped
+
+
+def _files_under(folder: Path) -> list[str]:
+    return sorted(
+        path.relative_to(folder).as_posix()
+        for path in folder.rglob("*")
+        if path.is_file() or path.is_symlink()
+    )
+
+
+def _render_data(recorded: Mapping[str, Any]) -> dict[str, Any]:
+    """The copier data of an answers file: every answer, without copier's `_` keys."""
+    return {key: value for key, value in recorded.items() if not key.startswith("_")}
+
+
+def _answers_after(project: Path, planned: Plan) -> dict[str, Any]:
+    """The data the update rendered with: the plan's, plus answers to questions that the new
+    template added (as the updated answers file records them, when it is readable)."""
+    try:
+        recorded = _render_data(recorded_answers(project))
+    except ProjectError:  # e.g. conflict markers in the answers file
+        recorded = {}
+    return {**recorded, **planned.copier_data()}
 
 
 def _run_copier(project: Path, planned: Plan, tag: str, ask: bool, recopy: bool) -> None:
@@ -202,14 +300,25 @@ def _run_copier(project: Path, planned: Plan, tag: str, ask: bool, recopy: bool)
             raise RenderError(f"copier failed: {error}") from error
 
 
-def _dry_run_diff(project: Path, planned: Plan, tag: str, ask: bool, recopy: bool) -> str:
-    """Run the update on a throw-away clone and return `git diff` of what it changed."""
+def _dry_run(
+    project: Path,
+    planned: Plan,
+    source: str,
+    old: tuple[str, Mapping[str, Any]],
+    ask: bool,
+    recopy: bool,
+    new_tag: str,
+) -> tuple[str, list[str]]:
+    """Run the update on a throw-away clone; return `git diff` of what it changed and the files
+    whose change it left out (see `dropped_changes`)."""
     with tempfile.TemporaryDirectory() as scratch:
         clone = Path(scratch) / project.name
         run_git("clone", "--quiet", str(project), str(clone), cwd=Path(scratch))
-        _run_copier(clone, planned, tag, ask, recopy)
+        _run_copier(clone, planned, new_tag, ask, recopy)
+        new = (new_tag, _answers_after(clone, planned))
+        dropped = [] if recopy else dropped_changes(clone, source, old, new)
         run_git("add", "--all", cwd=clone)
-        return run_git("diff", "--cached", cwd=clone)
+        return run_git("diff", "--cached", cwd=clone), dropped
 
 
 def conflicted_files(project: Path) -> list[str]:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 import shutil
 import subprocess
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -13,9 +16,11 @@ import pytest
 import yaml
 from conftest import ruff
 
+import scaffold.render
 from scaffold.answers import FRAMEWORK_RENDERS, build_answers
+from scaffold.errors import DestinationError, RenderError
 from scaffold.planner import plan
-from scaffold.render import ensure_template_repo, template_repo_source
+from scaffold.render import ensure_template_repo, render_project, template_repo_source
 from scaffold.variants import VARIANTS
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "templates"
@@ -155,3 +160,153 @@ def test_a_failed_render_leaves_nothing_behind(tmp_path, monkeypatch, dest_exist
         render_variant("cpu-single-fp32", dest)
     assert dest.exists() == dest_exists
     assert not dest_exists or list(dest.iterdir()) == []
+
+
+# A non-empty folder for `--force`: files the render replaces, one it does not render (left
+# unformatted, as its owner wrote it), and one inside a folder the render also fills.
+USER_FILES = {
+    "README.md": b"# My own notes\n",
+    "pyproject.toml": b'[project]\nname = "mine"\n',
+    "notes.py": b"x = (1,\n     2)\n",
+    "src/mine.py": b"print('mine')\n",
+}
+
+
+def user_folder(dest: Path) -> Path:
+    for relative, data in USER_FILES.items():
+        (dest / relative).parent.mkdir(parents=True, exist_ok=True)
+        (dest / relative).write_bytes(data)
+    return dest
+
+
+def tree(folder: Path) -> dict[str, bytes | None]:
+    """Every path under `folder`, hidden ones included: a file's bytes, None for a folder."""
+    return {
+        str(path.relative_to(folder)): path.read_bytes() if path.is_file() else None
+        for path in sorted(folder.rglob("*"))
+    }
+
+
+def force_render(dest: Path) -> None:
+    answers = build_answers({**VARIANTS["cpu-single-fp32"], "project_name": dest.name})
+    render_project(plan(answers).copier_data(), dest, force=True)
+
+
+def break_copier(monkeypatch) -> None:
+    from copier.errors import CopierError
+
+    real = copier.run_copy
+
+    def renders_then_fails(*args, **kwargs):
+        real(*args, **kwargs)
+        raise CopierError("a task failed")
+
+    monkeypatch.setattr(copier, "run_copy", renders_then_fails)
+
+
+def break_ruff(monkeypatch) -> None:
+    def fails(project):
+        raise RenderError("ruff format failed")
+
+    monkeypatch.setattr("scaffold.render.format_with_ruff", fails)
+
+
+def break_the_move(monkeypatch) -> None:
+    """The rename of the first entry into src/ fails, after README.md and pyproject.toml were
+    replaced (sorted order), so undoing must put the owner's files back."""
+    real = scaffold.render._rename
+
+    def rename(source, goal, moves):
+        if goal.parent.name == "src":
+            assert len(moves) >= 4, "the user's files were set aside first"
+            raise OSError(28, "No space left on device", str(goal))
+        real(source, goal, moves)
+
+    monkeypatch.setattr(scaffold.render, "_rename", rename)
+
+
+@pytest.mark.parametrize("breaks", [break_copier, break_ruff, break_the_move])
+def test_force_into_a_non_empty_folder_that_fails_leaves_it_byte_for_byte(
+    tmp_path, monkeypatch, breaks
+):
+    dest = user_folder(tmp_path / "mine")
+    before = tree(dest)
+    breaks(monkeypatch)
+    with pytest.raises((RenderError, OSError)):
+        force_render(dest)
+    assert tree(dest) == before, "same files, same bytes, nothing added"
+    assert list(tmp_path.iterdir()) == [dest]
+
+
+def test_force_replaces_rendered_files_and_leaves_the_others_unformatted(tmp_path):
+    dest = user_folder(tmp_path / "mine")
+    force_render(dest)
+    after = tree(dest)
+    assert after["notes.py"] == USER_FILES["notes.py"], "ruff formats only what it rendered"
+    assert after["src/mine.py"] == USER_FILES["src/mine.py"]
+    assert after["README.md"] != USER_FILES["README.md"] and "src/mine/train.py" in after
+    assert not [path for path in after if path.startswith((".git/", ".scaffold-new-"))]
+    assert list(tmp_path.iterdir()) == [dest]
+
+
+def test_a_move_that_cannot_be_undone_keeps_the_owners_files_and_says_where(tmp_path, monkeypatch):
+    dest = user_folder(tmp_path / "mine")
+    break_the_move(monkeypatch)
+    real_rename = os.rename
+
+    def rename(source, goal):
+        if "replaced" in Path(source).parts:  # putting README.md back fails too
+            raise OSError(5, "Input/output error", str(source))
+        real_rename(source, goal)
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(RenderError, match=r"could not be undone.*kept in (\S+)") as error:
+        force_render(dest)
+    kept = Path(re.search(r"kept in (\S+)$", str(error.value)).group(1))
+    assert (kept / "README.md").read_bytes() == USER_FILES["README.md"]
+    assert (kept / "pyproject.toml").read_bytes() == USER_FILES["pyproject.toml"]
+
+
+@pytest.mark.parametrize(
+    ("error", "message"),
+    [
+        (OSError(errno.EROFS, "Read-only file system"), "is on a read-only file system"),
+        (PermissionError(errno.EACCES, "Permission denied"), "is not writable by you"),
+    ],
+)
+def test_a_staging_folder_that_cannot_be_made_is_one_line_exit_2(
+    tmp_path, monkeypatch, capsys, error, message
+):
+    """The file system refuses the staging folder (what a read-only mount or a folder without
+    write permission does, whoever runs the test): one line, exit 2, nothing written."""
+    from scaffold.cli import main
+
+    real = tempfile.mkdtemp
+
+    def mkdtemp(suffix=None, prefix=None, dir=None):
+        if prefix == ".scaffold-new-":
+            raise error
+        return real(suffix, prefix, dir)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    monkeypatch.chdir(tmp_path)
+    assert main(["new", "proj", "--defaults"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("scaffold: error: cannot write"), lines
+    assert message in lines[0] and "choose a folder" in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("mine", "message"),
+    [("README.md/notes.txt", "is a folder where the project has a file"),
+     ("src", "is a file where the project has a folder")],
+)  # fmt: skip
+def test_force_refuses_to_put_a_file_over_a_folder_or_a_folder_over_a_file(tmp_path, mine, message):
+    dest = tmp_path / "mine"
+    (dest / mine).parent.mkdir(parents=True)
+    (dest / mine).write_text("mine")
+    before = tree(dest)
+    with pytest.raises(DestinationError, match=message):
+        force_render(dest)
+    assert tree(dest) == before

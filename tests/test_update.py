@@ -3,6 +3,7 @@ copying templates/ and changing a line of the loop, a line of the config, and th
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -412,3 +413,60 @@ def test_a_dev_tag_of_the_installed_release_is_not_a_newer_scaffold(project):
     )
     with pytest.raises(ProjectError, match="newer than the installed 0.1.0"):
         check_updatable(project, {"_commit": "v0.2.0"}, "0.1.0")
+
+
+def test_a_template_change_to_a_file_the_owner_deleted_is_listed_with_its_way_back(
+    project, new_template
+):
+    """copier leaves out, without a word, a change to a file the owner deleted (copier#1735):
+    the update lists it, exits 3, and the command it prints brings the file back, fixed."""
+    loader = project / "src" / "demo" / "loader.py"
+    before = loader.read_text()
+    git(project, "rm", "--quiet", "src/demo/loader.py", "tests/test_loop.py")  # v2: loader only
+    git(project, "commit", "--quiet", "-m", "I load my own way and test my own loop")
+    preview = update(project, new_template, "--diff")
+    assert preview.returncode == 0, preview.stderr
+    assert "src/demo/loader.py" in preview.stderr and "test_loop.py" not in preview.stderr
+    result = update(project, new_template)
+    assert result.returncode == 3, result.stdout + result.stderr
+    listed = [line.strip() for line in result.stderr.splitlines() if line.startswith("  ")]
+    assert listed == ["src/demo/loader.py"], result.stderr
+    assert not loader.exists(), "the owner's deletion stays"
+    assert LOOP_FIX in (project / "src" / "demo" / "train.py").read_text(), "the rest applied"
+    how = re.search(r"run in (\S+): (git checkout \S+ -- )PATH", result.stderr)
+    assert how and Path(how.group(1)) == project, result.stderr
+    restore = how.group(2).split() + ["src/demo/loader.py"]
+    subprocess.run(restore, cwd=project, check=True, capture_output=True)
+    assert loader.read_text() == before.replace(LOADER_LINE, LOADER_FIX)
+    assert "A  src/demo/loader.py" in git(project, "status", "--porcelain")
+    usage = run_scaffold("update", "--help", cwd=project).stdout
+    assert "3  updated, but the template changed files this project deleted" in usage
+
+
+def test_conflicts_win_the_exit_code_and_deleted_files_are_still_listed(project, new_template):
+    train = project / "src" / "demo" / "train.py"
+    train.write_text(train.read_text().replace(LOOP_LINE, "    model.eval()  # my own note"))
+    git(project, "rm", "--quiet", "src/demo/loader.py")
+    commit_all(project, "my note, no loader")
+    result = update(project, new_template)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "conflicts in 1 file(s)" in result.stderr and "  src/demo/train.py" in result.stderr
+    assert "deleted; the update did not apply" in result.stderr
+    assert "  src/demo/loader.py" in result.stderr
+
+
+def test_a_deleted_file_comes_back_fixed_in_a_project_inside_a_larger_repository(
+    tmp_path, new_template
+):
+    repo = tmp_path / "monorepo"
+    project = repo / "services" / "demo"
+    render_variant("cpu-single-fp32", project, init_git=False)
+    git(repo, "init", "--quiet")
+    commit_all(repo, "a project among others")
+    git(project, "rm", "--quiet", "src/demo/loader.py")
+    git(project, "commit", "--quiet", "-m", "no loader")
+    result = update(project, new_template)
+    assert result.returncode == 3 and "  src/demo/loader.py" in result.stderr, result.stderr
+    how = re.search(r"(git checkout \S+ -- )PATH", result.stderr)
+    subprocess.run([*how.group(1).split(), "src/demo/loader.py"], cwd=project, check=True)
+    assert LOADER_FIX in (project / "src" / "demo" / "loader.py").read_text()
