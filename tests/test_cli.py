@@ -28,6 +28,7 @@ DEFAULT_FILES = {
     "tests/test_loop.py",
     "tests/test_model.py",
     "tests/test_optim.py",
+    "tests/test_reliability.py",
     "tests/test_reports.py",
     "tests/test_train.py",
 } | {
@@ -42,13 +43,17 @@ DEFAULT_FILES = {
         "engine",
         "loader",
         "model",
+        "nonfinite",
         "optim",
         "plot",
+        "preemption",
         "profiling",
         "progress",
         "report",
         "resume",
+        "run_folder",
         "runtime",
+        "safeguards",
         "state_io",
         "task",
         "trackers",
@@ -336,3 +341,29 @@ def test_plan_prints_each_decision_and_the_memory_table_and_writes_nothing(tmp_p
     forced = run_scaffold("plan", "--defaults", *data, "--data", "host_memory_gb=1024",
                           "--data", "strategy=ddp", cwd=tmp_path, env=env)  # fmt: skip
     assert forced.returncode == 0 and "may run out of memory" in forced.stderr
+
+
+@pytest.mark.parametrize("where", ["new-folder-inside", "existing-folder-with-force"])
+def test_a_destination_without_write_permission_is_one_line_exit_2(tmp_path, where):
+    """A DEST inside a folder this user cannot write (chmod 0o555), or an existing DEST that
+    cannot be written: one line that says what to do, exit 2, nothing written.
+
+    Root writes through permission bits, so under root the refusal does not happen and is not
+    asserted; test_render's staging-folder test makes the file system refuse for every user."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "notes.txt").write_text("mine")
+    args = ["locked", "--force"] if where.startswith("existing") else ["locked/proj"]
+    locked.chmod(0o555)
+    try:
+        result = run_scaffold("new", *args, "--defaults", cwd=tmp_path)
+        entries = sorted(path.name for path in locked.iterdir())
+    finally:
+        locked.chmod(0o755)
+    if os.geteuid() == 0:
+        return
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("scaffold: error: cannot write"), lines
+    assert "is not writable by you; choose a folder you can write to" in lines[0]
+    assert entries == ["notes.txt"] and (locked / "notes.txt").read_text() == "mine"

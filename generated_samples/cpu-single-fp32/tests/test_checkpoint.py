@@ -97,7 +97,7 @@ def test_pruning_keeps_the_newest_folders_and_the_best(config):
     assert names == ["step-00000002", "step-00000004", "step-00000005"]
     assert not list(manager.directory.glob(".*partial")), "partial folders are renamed once whole"
     shutil.rmtree(manager.directory / "step-00000005")  # a lost folder is skipped, not fatal
-    latest = manager.latest()
+    latest = manager.candidates()[0]
     assert latest.folder.name == "step-00000004" and latest.fallback
     manager.restore(latest)
     assert progress.step == 4

@@ -37,7 +37,7 @@ def sgd_updates(model, micro_batches, config, max_norm=NO_CLIP):
     config = dataclasses.replace(config, max_grad_norm=max_norm)
     engine = Engine(model, plain_sgd, init_runtime("cpu"), config)
     scheduler = LambdaLR(engine.optimizer, lambda step: 1.0)
-    _, grad_norm = train_step(engine, scheduler, micro_batches, len(micro_batches), max_norm)
+    _, grad_norm, _ = train_step(engine, scheduler, micro_batches, len(micro_batches), max_norm)
     after = engine.full_state_dict()
     return [before[name] - after[name] for name in before], grad_norm.item()
 

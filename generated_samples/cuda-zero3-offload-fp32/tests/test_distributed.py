@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +22,7 @@ import torch
 
 from cuda_zero3_offload_fp32.checkpoint import find_latest
 from cuda_zero3_offload_fp32.config import load_config
+from cuda_zero3_offload_fp32.data import build_datasets
 from cuda_zero3_offload_fp32.engine import COMPUTE_DTYPE
 from cuda_zero3_offload_fp32.model import build_model
 from cuda_zero3_offload_fp32.runtime import init_runtime
@@ -60,21 +64,23 @@ def launcher_env(scratch: Path) -> dict[str, str]:
     return {**os.environ, **env, "PATH": path}
 
 
-def run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    """`command` from the project root, its output captured, stopped after 10 minutes."""
-    options = {"capture_output": True, "text": True, "timeout": 600}
+def run(command: list[str], env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
+    """`command` from the project root, its output captured, stopped after `timeout` s."""
+    options = {"capture_output": True, "text": True, "timeout": timeout}
     return subprocess.run(command, cwd=PROJECT_ROOT, env=env, **options)
 
 
-def torchrun(scratch: Path, nproc: int, *args: str) -> subprocess.CompletedProcess:
+def torchrun(
+    scratch: Path, nproc: int, *args: str, timeout: int = 600
+) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     command += [f"--nproc-per-node={nproc}", "-m", "cuda_zero3_offload_fp32.train", "device=cpu"]
     command += [*TEST_OVERRIDES, *args]
     env = launcher_env(scratch)
     try:
-        result = run(command, env)
-    except subprocess.TimeoutExpired as timeout:  # show where it hung
-        stderr = timeout.stderr or b""
+        result = run(command, env, timeout)
+    except subprocess.TimeoutExpired as expired:  # show where it hung
+        stderr = expired.stderr or b""
         stderr = stderr.decode() if isinstance(stderr, bytes) else stderr
         pytest.fail(f"timed out; stderr so far:\n{stderr[-4000:]}")
     assert result.returncode == 0, result.stderr[-4000:]
@@ -143,14 +149,47 @@ def test_two_processes_match_one_at_the_same_global_batch(tmp_path, two_process_
         assert (two / "profile" / f"rank{rank}.pt.trace.json").is_file(), rank
 
 
-def test_two_process_resume_mid_epoch_is_bitwise(tmp_path, scratch):
+def worker_pids(launcher: subprocess.Popen) -> list[int]:
+    """The training processes torchrun started, in start order (Linux's /proc)."""
+    children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children")
+    return [int(pid) for pid in children.read_text().split()]
+
+
+def torchrun_until_signalled(scratch: Path, run_dir: Path, step: int, *args: str) -> str:
+    """Launch 2 processes and send SIGUSR1 to the second alone once `step` is logged; return
+    the launch's stderr. The run must stop with its checkpoint, every rank at the same step."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command += ["-m", "cuda_zero3_offload_fp32.train", "device=cpu", *TEST_OVERRIDES, *args]
+    with subprocess.Popen(
+        command, cwd=PROJECT_ROOT, env=launcher_env(scratch), stderr=subprocess.PIPE, text=True
+    ) as launcher:
+        deadline = time.monotonic() + 300
+        while not (run_dir / "metrics.jsonl").is_file() or not any(
+            record["step"] >= step for record in records(run_dir, "train")
+        ):
+            assert launcher.poll() is None and time.monotonic() < deadline, "no step logged"
+            time.sleep(0.02)
+        os.kill(worker_pids(launcher)[1], signal.SIGUSR1)
+        try:
+            stderr = launcher.communicate(timeout=300)[1]
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+            pytest.fail("the ranks did not stop together: one waits in a collective")
+    return stderr
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads Linux's /proc")
+def test_a_signal_to_one_rank_stops_both_at_one_step_and_the_resume_is_bitwise(tmp_path, scratch):
     common = ["log_every=1", "grad_accum_steps=2", "epochs=3", "num_workers=2"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     torchrun(scratch, 2, *common, f"run_dir='{straight.as_posix()}'", "stop_after_steps=16")
-    torchrun(scratch, 2, *common, f"run_dir='{resumed.as_posix()}'", "stop_after_steps=8")
-    assert latest_checkpoint(resumed)["components"]["progress"]["batch_in_epoch"] > 0
-    resume = [f"run_dir='{resumed.as_posix()}'", "stop_after_steps=16", "--resume"]
-    torchrun(scratch, 2, *common, *resume)
+    stopping = [*common, f"run_dir='{resumed.as_posix()}'", "stop_after_steps=16"]
+    stderr = torchrun_until_signalled(scratch, resumed, 3, *stopping)
+    assert "stopped by another process's stop signal" in stderr or "by SIGUSR1" in stderr, stderr
+    stopped_at = latest_checkpoint(resumed)["components"]["progress"]["step"]
+    assert 3 <= stopped_at < 16
+    assert max(record["step"] for record in records(resumed, "train")) == stopped_at
+    torchrun(scratch, 2, *stopping, "--resume")
     expected, actual = exported_weights(straight), exported_weights(resumed)
     for key, tensor in expected.items():
         assert torch.equal(tensor, actual[key]), key
@@ -162,6 +201,27 @@ def test_two_process_resume_mid_epoch_is_bitwise(tmp_path, scratch):
         for run in (straight, resumed)
     )
     assert actual == expected
+
+
+def odd_validation_split() -> list[str]:
+    """Settings whose validation split has an odd count N = 2B + 1, with micro-batch B: rank 0
+    holds B + 1 samples (two batches), rank 1 holds B (one)."""
+    for val_fraction in (0.2, 0.21, 0.22, 0.23, 0.11, 0.12, 0.13):
+        config = dataclasses.replace(config_for_tests(Path("unused")), val_fraction=val_fraction)
+        count = len(build_datasets(config)[1])
+        if count % 2:
+            return [f"val_fraction={val_fraction}", f"micro_batch_size={count // 2}"]
+    raise AssertionError("no odd validation split among the fractions tried")
+
+
+def test_unequal_validation_shards_finish_on_every_rank(tmp_path, scratch):
+    """A sharded model gathers its parameters in forward: before every rank ran the same
+    number of validation passes, such a run waited in validation until killed."""
+    run_dir = tmp_path / "run"
+    settings = [*odd_validation_split(), "epochs=1", "checkpoint_every=0"]
+    torchrun(scratch, 2, *settings, f"run_dir='{run_dir.as_posix()}'", timeout=240)
+    (validation,) = records(run_dir, "val")
+    assert math.isfinite(validation["val_loss"])
 
 
 def test_every_rank_ran_what_was_rendered_and_ends_with_identical_parameters(two_process_run):

@@ -56,7 +56,7 @@ def test_overfits_one_batch(config):
     scheduler = build_scheduler(engine.optimizer, config, total_steps=steps)
     batch = one_batch(config, 8)  # a model that cannot memorise 8 examples has a bug
     for _ in range(steps):
-        loss, _ = train_step(engine, scheduler, [batch], 1, config.max_grad_norm)
+        loss, _, _ = train_step(engine, scheduler, [batch], 1, config.max_grad_norm)
     assert loss.item() < 0.05, loss.item()
 
 

@@ -38,7 +38,7 @@ def sgd_updates(model, micro_batches, config, max_norm=NO_CLIP):
     config = dataclasses.replace(config, max_grad_norm=max_norm)
     engine = Engine(model, plain_sgd, init_runtime("cpu"), config)
     scheduler = LambdaLR(engine.optimizer, lambda step: 1.0)
-    _, grad_norm = train_step(engine, scheduler, micro_batches, len(micro_batches), max_norm)
+    _, grad_norm, _ = train_step(engine, scheduler, micro_batches, len(micro_batches), max_norm)
     after = engine.full_state_dict()
     return [before[name] - after[name] for name in before], grad_norm.item()
 
@@ -125,5 +125,5 @@ def test_a_training_step_on_mps(config):
     engine = Engine(build_model(config), plain_sgd, init_runtime("mps"), config)
     scheduler = build_scheduler(engine.optimizer, config, total_steps=1)
     batch = first_batch(config, size=8)
-    loss, grad_norm = train_step(engine, scheduler, [batch], 1, config.max_grad_norm)
+    loss, grad_norm, _ = train_step(engine, scheduler, [batch], 1, config.max_grad_norm)
     assert loss.device.type == "mps" and torch.isfinite(loss) and torch.isfinite(grad_norm)

@@ -94,8 +94,23 @@ class Engine:
         self.scaler = accelerator.scaler or torch.amp.GradScaler(enabled=False)
 
     def zero_grad(self) -> None:
-        """Drop the last step's gradients (`set_to_none`: freed, not filled with zeros)."""
+        """Drop the last step's gradients (`set_to_none`: freed, not filled with zeros); note
+        the loss scale this step starts from."""
         self.optimizer.zero_grad(set_to_none=True)
+        self.scale_before = self.loss_scale()
+
+    def loss_scale(self) -> float | None:
+        """The loss scaler's current scale (a host sync), or None without loss scaling."""
+        return self.scaler.get_scale() if self.scaler.is_enabled() else None
+
+    def step_skipped(self) -> bool:
+        """True when the last `clip_and_step` skipped its update: the loss scaler found inf or
+        NaN gradients and lowered the scale (never without loss scaling)."""
+        return self.scale_before is not None and self.loss_scale() < self.scale_before
+
+    def inference(self) -> contextlib.AbstractContextManager:
+        """Context for validation's forward passes: `torch.inference_mode()`."""
+        return torch.inference_mode()
 
     def micro_step(self, last: bool) -> contextlib.AbstractContextManager:
         """Context for one micro-batch's forward + backward: gradients are all-reduced only

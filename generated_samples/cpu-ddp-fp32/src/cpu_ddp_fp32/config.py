@@ -44,6 +44,7 @@ class Config:
     keep_last: int = 3
     log_every: int = 10
     stop_after_steps: int = 0
+    max_nonfinite_steps: int = 20
     tensorboard: bool = True
     logger: str = "none"
     wandb_project: str = "cpu-ddp-fp32"
@@ -61,36 +62,48 @@ class Config:
     weight_decay: float = 0.05
     early_stop_patience: int = 5
     task_positive_keys: ClassVar[tuple[str, ...]] = ()
+    # data settings a resume must keep (resume.py): they fix what the checkpoint trained on
+    task_resume_keys: ClassVar[tuple[str, ...]] = ()
     # --- end of the task's section ---
 
     def __post_init__(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def problems(self) -> list[str]:
+        """Every value outside its range, one message per key (empty when all are valid)."""
+        problems = []
         positive = ("epochs", "micro_batch_size", "grad_accum_steps", "lr", "max_grad_norm")
-        positive += self.task_positive_keys
+        positive += ("max_nonfinite_steps", *self.task_positive_keys)
         for key in positive:
             if getattr(self, key) <= 0:
-                raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
+                problems.append(f"{key} must be > 0, got {getattr(self, key)!r}")
         non_negative = ("num_workers", "warmup_steps", "weight_decay", "checkpoint_every")
         non_negative += ("keep_last", "stop_after_steps", "early_stop_patience")
         for key in non_negative:
             if getattr(self, key) < 0:
-                raise ValueError(f"{key} must be >= 0, got {getattr(self, key)!r}")
+                problems.append(f"{key} must be >= 0, got {getattr(self, key)!r}")
         for key in ("dropout", "min_lr_ratio", "beta1", "beta2"):
             if not 0 <= getattr(self, key) < 1:
-                raise ValueError(f"{key} must be in [0, 1), got {getattr(self, key)!r}")
+                problems.append(f"{key} must be in [0, 1), got {getattr(self, key)!r}")
         if not 0 < self.val_fraction < 1:
-            raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")
+            problems.append(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")
         if not math.isfinite(self.lr):
-            raise ValueError(f"lr must be a finite number, got {self.lr!r}")
-        parse_param_count(self.model_size)
+            problems.append(f"lr must be a finite number, got {self.lr!r}")
         if self.monitor not in MONITOR_MODES:
-            raise ValueError(
-                f"monitor must be one of {sorted(MONITOR_MODES)}, got {self.monitor!r}"
-            )
+            modes = sorted(MONITOR_MODES)
+            problems.append(f"monitor must be one of {modes}, got {self.monitor!r}")
         if self.log_every < 1:
-            raise ValueError(f"log_every must be >= 1, got {self.log_every!r}")
+            problems.append(f"log_every must be >= 1, got {self.log_every!r}")
         if self.logger not in LOGGERS:
-            raise ValueError(f"logger must be one of {', '.join(LOGGERS)}, got {self.logger!r}")
-        self.profile_window()
+            problems.append(f"logger must be one of {', '.join(LOGGERS)}, got {self.logger!r}")
+        for check in (lambda: parse_param_count(self.model_size), self.profile_window):
+            try:
+                check()
+            except ValueError as error:
+                problems.append(str(error))
+        return problems
 
     def profile_window(self) -> tuple[int, int] | None:
         """`profile_steps` "START:STOP" as (START, STOP): optimizer steps START to STOP - 1 are
@@ -170,22 +183,28 @@ def load_config(
     written, quoted or not (`run_dir=runs/try2`, `model_size=1e6`).
 
     Raises:
-        ValueError: an unknown key, a value of the wrong type, or an override without `=`.
+        ValueError: every unknown key, value of the wrong type or out of its range, and
+            override without `=`, listed in one message; a missing or unreadable TOML file.
     """
     values: dict[str, Any] = {}
+    problems: list[str] = []
     if path is not None:
         try:
             with open(path, "rb") as file:
-                values.update(_checked_keys(tomllib.load(file), source=str(path)))
+                values.update(_known_keys(tomllib.load(file), str(path), problems))
         except FileNotFoundError:
             raise ValueError(f"config file {path} not found; pass --config PATH") from None
+        except tomllib.TOMLDecodeError as error:
+            raise ValueError(f"config file {path} is not valid TOML: {error}") from None
     for override in overrides:
         key, sep, raw = override.partition("=")
         if not sep:
-            raise ValueError(f"override {override!r} is not key=value; e.g. lr=1e-3")
+            problems.append(f"override {override!r} is not key=value; e.g. lr=1e-3")
+            continue
         key = key.strip()
-        values.update(_checked_keys({key: _parse_value(key, raw.strip())}, "the command line"))
-    return _typed_config(values)
+        parsed = {key: _parse_value(key, raw.strip())}
+        values.update(_known_keys(parsed, "the command line", problems))
+    return _typed_config(values, problems)
 
 
 def _parse_value(key: str, raw: str) -> Any:
@@ -198,22 +217,33 @@ def _parse_value(key: str, raw: str) -> Any:
     return raw if text_setting and not isinstance(value, str) else value
 
 
-def _checked_keys(values: dict[str, Any], source: str) -> dict[str, Any]:
+def _known_keys(values: dict[str, Any], source: str, problems: list[str]) -> dict[str, Any]:
     known = [field.name for field in dataclasses.fields(Config)]
     for key in values:
         if key not in known:
-            raise ValueError(
-                f"unknown config key {key!r} in {source}; known keys: {', '.join(known)}"
-            )
-    return values
+            problems.append(f"unknown config key {key!r} in {source} (known: {', '.join(known)})")
+    return {key: value for key, value in values.items() if key in known}
 
 
-def _typed_config(values: dict[str, Any]) -> Config:
+def _typed_config(values: dict[str, Any], problems: list[str]) -> Config:
+    """The Config of `values`, or one ValueError listing `problems` and every type or range
+    problem found (so a user fixes them all at once, not one per run)."""
     fields = {field.name: field for field in dataclasses.fields(Config)}
+    typed = {}
     for key, value in values.items():
         expected = type(fields[key].default)
         if expected is float and type(value) is int:
-            values[key] = float(value)
-        elif type(value) is not expected:
-            raise ValueError(f"config key {key!r} needs {TYPE_NAMES[expected]}, got {value!r}")
-    return Config(**values)
+            typed[key] = float(value)
+        elif type(value) is expected:
+            typed[key] = value
+        else:
+            problems.append(f"config key {key!r} needs {TYPE_NAMES[expected]}, got {value!r}")
+    unchecked = Config.__new__(Config)  # to check the ranges of what is typed right too
+    for name, field in fields.items():
+        object.__setattr__(unchecked, name, typed.get(name, field.default))
+    problems += unchecked.problems()
+    if len(problems) > 1:
+        raise ValueError(f"{len(problems)} config problems: " + "; ".join(problems))
+    if problems:
+        raise ValueError(problems[0])
+    return Config(**typed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -13,10 +14,12 @@ from torch import Tensor
 from torch.utils.data import BatchSampler, DataLoader, Dataset
 
 from .config import Config
+from .preemption import STOP_SIGNALS
 from .runtime import (
     WORKER_CONTEXT,
     Runtime,
     eval_sampler,
+    most_eval_batches,
     set_sampler_epoch,
     train_sampler,
 )
@@ -28,11 +31,15 @@ def seed_worker(worker_id: int) -> None:
     DataLoader seeds each worker's torch RNG with `base_seed + worker_id`, and draws `base_seed`
     from the loader's generator at every `iter()`, so streams differ per worker and per epoch.
     Seeding numpy and `random` from it keeps random transforms written with them just as distinct
-    (pytorch.org/docs/stable/notes/randomness.html#dataloader).
+    (pytorch.org/docs/stable/notes/randomness.html#dataloader). Workers ignore the stop signals:
+    a scheduler signals every process of the job, and a worker that died of it would fail the
+    step the training process is finishing before it checkpoints.
     """
     worker_seed = torch.initial_seed() % 2**32
     np.random.seed(worker_seed)
     random.seed(worker_seed)
+    for number in STOP_SIGNALS:  # the training process decides when to stop; workers follow
+        signal.signal(number, signal.SIG_IGN)
 
 
 def make_train_loader(dataset: Dataset, config: Config, runtime: Runtime) -> DataLoader:
@@ -80,6 +87,19 @@ def make_eval_loader(dataset: Dataset, config: Config, runtime: Runtime) -> Data
     return DataLoader(
         dataset, sampler=sampler, batch_size=None, pin_memory=runtime.device.type == "cuda"
     )
+
+
+def padded_batches(loader: DataLoader, runtime: Runtime) -> Iterator[tuple[Any, Any, bool]]:
+    """`(inputs, targets, counted)` for each of this rank's validation batches, then the
+    loader's first sample again (`counted` False) until every rank has had as many passes as
+    the rank with the most batches (`most_eval_batches`): a sharded model gathers its
+    parameters in forward (a collective), so a rank with fewer batches would leave the others
+    waiting for good. Only `counted` batches may add to the metrics."""
+    batches = most_eval_batches(loader.dataset, loader.sampler.batch_size, runtime)
+    real = iter(loader)
+    for _ in range(batches):
+        batch = next(real, None)
+        yield (*loader.dataset[[0]], False) if batch is None else (*batch, True)
 
 
 def epoch_iterator(loader: DataLoader, epoch: int, generator_state: Tensor, skip: int) -> Iterator:

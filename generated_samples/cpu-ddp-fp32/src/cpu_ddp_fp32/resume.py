@@ -17,14 +17,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from .checkpoint import Checkpoint, CheckpointManager
+from .checkpoint import FORMAT_VERSION, Checkpoint, CheckpointManager
 from .config import Config
 from .loader import epoch_iterator
 from .runtime import Runtime
 
 # Settings a resume must share with the checkpoint: they fix the data order, the model's shape,
 # and the optimizer and LR schedule that the checkpoint restores (a changed lr or epochs would
-# be recorded but not applied). To change them, start a new run_dir from the saved weights.
+# be recorded but not applied); the task adds its data settings (`task_resume_keys`). To
+# change them, start a new run_dir from the saved weights.
 RESUME_INVARIANTS = ("seed", "model_size", "micro_batch_size", "grad_accum_steps", "val_fraction")
 RESUME_INVARIANTS += ("epochs", "lr", "min_lr_ratio", "warmup_steps", "weight_decay")
 RESUME_INVARIANTS += ("beta1", "beta2")
@@ -97,8 +98,15 @@ def check_resumable(checkpoint: Checkpoint, config: Config, world_size: int) -> 
     """Refuse a checkpoint this run cannot continue exactly.
 
     Raises:
-        ValueError: another process count, or a changed `RESUME_INVARIANTS` setting.
+        ValueError: another checkpoint format, another process count, or a changed
+            `RESUME_INVARIANTS` or task data setting.
     """
+    saved_format = checkpoint.state.get("format", 1)
+    if saved_format != FORMAT_VERSION:
+        raise ValueError(
+            f"{checkpoint.folder} has checkpoint format {saved_format} and this code reads "
+            f"format {FORMAT_VERSION}; resume it with the project version that wrote it"
+        )
     saved_world = len(checkpoint.state["ranks"])
     if saved_world != world_size:
         raise ValueError(
@@ -106,7 +114,8 @@ def check_resumable(checkpoint: Checkpoint, config: Config, world_size: int) -> 
             "launch as many as the checkpoint had"
         )
     saved = checkpoint.state["config"]
-    changed = [key for key in RESUME_INVARIANTS if saved[key] != getattr(config, key)]
+    keys = RESUME_INVARIANTS + config.task_resume_keys
+    changed = [key for key in keys if saved.get(key) != getattr(config, key)]
     if changed:
         was = ", ".join(f"{key}={saved[key]}" for key in changed)
         raise ValueError(
@@ -132,8 +141,8 @@ def start_or_resume(
                 "or run_dir=NEW to start another"
             )
         return None
-    latest = checkpoints.latest()
-    if latest is None:
+    candidates = checkpoints.candidates()
+    if not candidates:
         if checkpoints.has_checkpoints():
             raise ValueError(
                 f"no checkpoint in {checkpoints.directory} loads (all damaged); "
@@ -141,8 +150,17 @@ def start_or_resume(
             )
         runtime.notice(f"no checkpoint in {checkpoints.directory} yet; starting at step 0")
         return None
-    check_resumable(latest, config, runtime.world_size)
-    if latest.fallback:
-        runtime.notice(f"the last checkpoint did not load; resuming from {latest.folder}")
-    checkpoints.restore(latest)
-    return str(latest.folder)
+    check_resumable(candidates[0], config, runtime.world_size)
+    for checkpoint in candidates[:-1]:
+        try:
+            return _restore(checkpoints, checkpoint, runtime)
+        except ValueError as error:  # every process or none fails: loads are collectives
+            runtime.notice(f"{error}; trying the checkpoint before it")
+    return _restore(checkpoints, candidates[-1], runtime)
+
+
+def _restore(checkpoints: CheckpointManager, checkpoint: Checkpoint, runtime: Runtime) -> str:
+    if checkpoint.fallback:
+        runtime.notice(f"resuming from {checkpoint.folder}, not the one `last` names")
+    checkpoints.restore(checkpoint)
+    return str(checkpoint.folder)

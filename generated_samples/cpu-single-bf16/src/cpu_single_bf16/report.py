@@ -90,33 +90,36 @@ class RunLog:
         )
 
     def step(
-        self, state: TrainState, micro_batches: int, loss: Tensor, grad_norm: Tensor, lr: float
-    ) -> None:
+        self,
+        state: TrainState,
+        micro_batches: int,
+        loss: Tensor,
+        grad_norm: Tensor,
+        lr: float,
+        extra: dict[str, float],
+    ) -> bool:
         """Count one optimizer step of `micro_batches` micro-batches; every `log_every` steps
         (and at step 1) sync its loss to the host, the loop's only `.item()`s, and log it with
-        `lr` (the rate the step used), the pre-clip gradient norm and the throughput since the
-        previous log line (wall clock, validation excluded). Moves the profiler window on.
+        `lr` (the rate the step used), the pre-clip gradient norm, `extra` (the skipped-update
+        count...) and the throughput since the previous log line (wall clock, validation
+        excluded). Moves the profiler window on. Returns True when it logged (and synced).
 
-        Raises:
-            FloatingPointError: the loss is inf or NaN (checked when logging: no extra sync).
+        An inf or NaN loss is logged as it is: nonfinite.py decides what it means.
         """
         samples_per_micro_batch = self.config.micro_batch_size * self.runtime.world_size
         self.stats["samples"] += micro_batches * samples_per_micro_batch
         self.bar.update()
         self.profile.at_step(state.step)
         if state.step != 1 and state.step % self.config.log_every:
-            return
+            return False
         world = self.runtime.world_size  # every rank logs the same steps: a safe collective
         loss_value = all_reduce_sum(loss.detach().clone(), self.runtime).item() / world
-        if not math.isfinite(loss_value):
-            raise FloatingPointError(
-                f"loss is {loss_value} at step {state.step}; lower lr or check the inputs"
-            )
         if state.step == 1:
             state.initial_loss = loss_value
-        values = {"loss": loss_value, "lr": lr, "grad_norm": grad_norm.item()}
+        values = {"loss": loss_value, "lr": lr, "grad_norm": grad_norm.item(), **extra}
         self.write("train", step=state.step, **values, **self._recent_throughput())
         self.bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}")
+        return True
 
     def _recent_throughput(self) -> dict[str, float]:
         """The task's rates (`task.throughput`: samples/s and the task's own) since the last

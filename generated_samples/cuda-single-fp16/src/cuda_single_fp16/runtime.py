@@ -7,6 +7,7 @@ With one process, reductions return their input and there is nothing to wait for
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +77,16 @@ def all_reduce_sum(tensor: Tensor, runtime: Runtime) -> Tensor:
 def gather_objects(obj: Any, runtime: Runtime) -> list[Any]:
     """Every process's `obj`, indexed by rank: `[obj]` with one process."""
     return [obj]
+
+
+def any_process(flag: bool, runtime: Runtime) -> bool:
+    """True if `flag` is True on any process: with one process, `flag` itself."""
+    return flag
+
+
+def most_eval_batches(dataset: Dataset, micro_batch_size: int, runtime: Runtime) -> int:
+    """The number of validation batches of the process that has the most: here, its own."""
+    return math.ceil(len(dataset) / micro_batch_size)
 
 
 def train_sampler(dataset: Dataset, seed: int, generator: torch.Generator) -> Sampler:

@@ -140,8 +140,24 @@ class Engine:
         )
 
     def zero_grad(self) -> None:
-        """Drop the last step's gradients (`set_to_none`: freed, not filled with zeros)."""
+        """Drop the last step's gradients (`set_to_none`: freed, not filled with zeros); note
+        how many steps DeepSpeed has skipped so far."""
         self.optimizer.zero_grad(set_to_none=True)
+        self.skipped_before = self.module.skipped_steps
+
+    def loss_scale(self) -> float | None:
+        """None: no loss scaling in this precision."""
+        return None
+
+    def step_skipped(self) -> bool:
+        """True when the last `clip_and_step` skipped its update: DeepSpeed checks every
+        step's gradients for inf/NaN (`check_grad_overflow`), without loss scaling too, and
+        drops the update when it finds one."""
+        return self.module.skipped_steps > self.skipped_before
+
+    def inference(self) -> contextlib.AbstractContextManager:
+        """Context for validation's forward passes: `torch.inference_mode()`."""
+        return torch.inference_mode()
 
     def micro_step(self, last: bool) -> contextlib.AbstractContextManager:
         """Context for one micro-batch's forward + backward; `last` marks the end of an
@@ -174,9 +190,14 @@ class Engine:
     def load(self, folder: Path) -> None:
         """Load what `save` wrote (a collective); the schedule's state is the checkpoint's own.
 
+        Gradients still in DeepSpeed's buffers (a sanity backward before the resume) are
+        dropped first: the torch optimizer's `zero_grad` does not reach them, and the next
+        step would add them to its own.
+
         Raises:
             ValueError: DeepSpeed found no checkpoint in `folder`.
         """
+        self.module.optimizer.zero_grad(set_to_none=True)
         path, _ = self.module.load_checkpoint(
             str(folder.parent),
             tag=folder.name,

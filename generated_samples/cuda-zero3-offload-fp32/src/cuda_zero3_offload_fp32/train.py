@@ -2,15 +2,15 @@
 
 One optimizer step, in the order of PyTorch's AMP recipe: zero_grad -> per micro-batch:
 autocast(forward + loss), backward(loss / micro-batches) -> unscale -> clip -> step ->
-scheduler.step(). Validation runs every epoch under eval() + inference_mode(), its metrics
-summed over every rank's samples.
+scheduler.step(). Validation every epoch, its metrics summed over every rank's samples. A
+stop signal ends a run at a step with a checkpoint; inf/NaN steps are never saved.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -22,21 +22,22 @@ from .checkpoint import CheckpointManager
 from .config import Config, parse_command_line
 from .data import build_datasets
 from .engine import Engine
-from .loader import TimedIterator, make_eval_loader, make_train_loader
+from .loader import TimedIterator, make_eval_loader, make_train_loader, padded_batches
 from .optim import build_optimizer, build_scheduler
 from .progress import TrainState
 from .report import RunLog
 from .resume import DataPosition, seed_everything, start_or_resume
 from .runtime import Runtime, all_reduce_sum, init_runtime, shutdown_runtime
+from .safeguards import Safeguards
 from .task import eval_sums, loss_fn
 
 
 def train_step(
     engine: Engine, scheduler: LRScheduler, micro_batches: Iterable, count: int, max_norm: float
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, bool]:
     """One optimizer step over the next `count` micro-batches, each loss divided by `count`
-    (gradient accumulation: the gradient of one batch of all their samples). Returns (mean
-    loss, pre-clip gradient norm), 0-dim tensors left on the device: `.item()` when logging."""
+    (gradient accumulation: one batch of all their samples). Returns (mean loss, pre-clip
+    gradient norm, whether the engine skipped the update); the tensors stay on the device."""
     device = engine.runtime.device
     engine.zero_grad()
     total_loss = torch.zeros((), device=device)
@@ -49,20 +50,24 @@ def train_step(
             engine.backward(loss / count)
         total_loss += loss.detach()
     grad_norm = engine.clip_and_step(max_norm)
-    scheduler.step()  # once per optimizer step: warmup and decay are counted in steps
-    return total_loss / count, grad_norm
+    if not (skipped := engine.step_skipped()):  # the schedule counts applied updates
+        scheduler.step()  # once per optimizer step: warmup and decay are counted in steps
+    return total_loss / count, grad_norm, skipped
 
 
-def evaluate(engine: Engine, loader: Iterable) -> dict[str, float]:
-    """Validation loss and accuracy over every sample of every rank, weighted by sample count."""
+def evaluate(engine: Engine, loader: Iterable, between_batches: Callable[[], None]) -> dict:
+    """Validation loss and accuracy over every sample of every rank, weighted by sample count,
+    in as many passes on every rank (`padded_batches`); `between_batches()` precedes each."""
     device = engine.runtime.device
-    engine.module.eval()  # dropout off
     sums = torch.zeros(3, dtype=torch.float64, device=device)
-    with torch.inference_mode():
-        for inputs, targets in loader:
+    engine.module.eval()  # dropout off
+    with engine.inference():
+        for inputs, targets, counted in padded_batches(loader, engine.runtime):
+            between_batches()
             with engine.autocast():
                 logits = engine.module(inputs.to(device))
-            sums += eval_sums(logits, targets.to(device))
+            if counted:
+                sums += eval_sums(logits, targets.to(device))
     engine.module.train()
     loss_sum, correct, count = all_reduce_sum(sums, engine.runtime).tolist()
     return {"val_loss": loss_sum / count, "val_accuracy": correct / count}
@@ -89,22 +94,25 @@ class Trainer:
         per_rank = {"data_position": self.position}
         self.checkpoints = CheckpointManager(config, runtime, self.engine, shared, per_rank)
         self.resumed_from = start_or_resume(self.checkpoints, config, runtime, resume)
+        self.guards = Safeguards(config, self.engine, self.checkpoints, self.state)
 
     def fit(self) -> dict[str, Any]:
-        """Train until `epochs`, early stopping or `stop_after_steps`; return the run summary."""
+        """Train until `epochs`, early stopping or `stop_after_steps`; return the run summary.
+        Raises Preempted (a stop signal) or FloatingPointError (inf/NaN), see safeguards.py."""
         config, state = self.config, self.state
         self.log.start_run(state, self.resumed_from)
-        while not state.finished(config):  # a resumed run that had ended stays ended
-            if not self.train_epoch():
-                break  # stopped mid-epoch by stop_after_steps; the checkpoint is written
-            metrics = evaluate(self.engine, self.val_loader)
-            improved = state.record_validation(metrics, config.monitor)
-            self.log.write("val", step=state.step, epoch=state.epoch + 1, **metrics)
-            state.end_epoch()
-            self.position.end_epoch()
-            self.checkpoints.save(state.step, is_best=improved)
-        weights = self.checkpoints.export_weights()  # the final weights, one full state dict
-        return self.log.summary(state, self.checkpoints.directory, self.resumed_from, weights)
+        with self.guards:  # also holds the run folder's lock
+            while not state.finished(config):  # a resumed run that had ended stays ended
+                if not self.train_epoch():
+                    break  # stopped mid-epoch by stop_after_steps; the checkpoint is written
+                metrics = evaluate(self.engine, self.val_loader, self.guards.stop_if_signalled)
+                improved = state.record_validation(metrics, config.monitor)
+                self.log.write("val", step=state.step, epoch=state.epoch + 1, **metrics)
+                state.end_epoch()
+                self.position.end_epoch()
+                self.guards.save(is_best=improved)
+            weights = self.checkpoints.export_weights()  # the final weights, one state dict
+            return self.log.summary(state, self.checkpoints.directory, self.resumed_from, weights)
 
     def train_epoch(self) -> bool:
         """Run the rest of the current epoch; False when `stop_after_steps` stopped it early."""
@@ -114,12 +122,14 @@ class Trainer:
         while state.batch_in_epoch < batches:
             count = min(config.grad_accum_steps, batches - state.batch_in_epoch)
             lr = self.scheduler.get_last_lr()[0]  # the rate this step runs at
-            loss, norm = train_step(self.engine, self.scheduler, data, count, config.max_grad_norm)
+            step = train_step(self.engine, self.scheduler, data, count, config.max_grad_norm)
             state.advance(count)
-            self.log.step(state, count, loss, norm, lr)
-            stop = state.step == config.stop_after_steps
+            self.guards.step_done(*step)
+            self.guards.logged(self.log.step(state, count, *step[:2], lr, self.guards.values()))
+            stop = 0 < config.stop_after_steps <= state.step
             if state.batch_in_epoch < batches and (stop or self.checkpoints.due(state.step)):
-                self.checkpoints.save(state.step, is_best=False)  # epoch ends save after validation
+                self.guards.save(is_best=False)  # epoch ends save after validation
+            self.guards.stop_if_signalled()
             if stop:
                 break
         self.log.end_epoch(data.seconds)
@@ -139,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         shutdown_runtime(runtime)
         raise SystemExit(f"error: {error}") from None
     try:
-        return trainer.fit()
+        return trainer.fit()  # a stop signal exits with PREEMPTED_EXIT_CODE (preemption.py)
     finally:
         trainer.log.close()  # what the trackers hold reaches disk on every way out
         del trainer  # free the wrapper's communication hooks before the process group goes

@@ -32,6 +32,7 @@ import torch
 from lightning.fabric import Fabric
 from lightning.fabric.strategies import ModelParallelStrategy
 from torch import Tensor, nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -127,6 +128,21 @@ class Engine:
         """Drop the last step's gradients (`set_to_none`: freed, not filled with zeros)."""
         self.optimizer.zero_grad(set_to_none=True)
 
+    def loss_scale(self) -> float | None:
+        """None: no loss scaling in this precision."""
+        return None
+
+    def step_skipped(self) -> bool:
+        """False: nothing here skips an update (non-finite steps: see nonfinite.py)."""
+        return False
+
+    def inference(self) -> contextlib.AbstractContextManager:
+        """Context for validation's forward passes: `torch.no_grad()`, not inference mode. FSDP2
+        allocates its all-gather buffers at the first forward; made in inference mode (a
+        validation right after a resume) they are inference tensors, and the next all-gather
+        into them fails ("Inference tensors do not track version counter")."""
+        return torch.no_grad()
+
     def micro_step(self, last: bool) -> contextlib.AbstractContextManager:
         """Context for one micro-batch's forward + backward: gradients are reduce-scattered on
         every micro-step, the `last` one or not.
@@ -147,13 +163,13 @@ class Engine:
 
     def clip_and_step(self, max_norm: float) -> Tensor:
         """Clip the global gradient L2 norm (over every rank's shards) to `max_norm`, then step;
-        returns the pre-clip norm (a replicated 0-dim DTensor; inf or NaN when a gradient is,
-        as Fabric is told not to raise)."""
+        returns the pre-clip norm (0-dim, the whole norm on every rank; inf or NaN when a
+        gradient is, as Fabric is told not to raise)."""
         grad_norm = self.fabric.clip_gradients(
             self.module, self.optimizer, max_norm=max_norm, error_if_nonfinite=False
         )
         self.optimizer.step()
-        return grad_norm
+        return grad_norm.full_tensor()  # a plain tensor: the loop mixes it with others
 
     def save(self, folder: Path) -> None:
         """Every rank writes its shards of the model and optimizer into `folder / ENGINE_FOLDER`
@@ -167,9 +183,10 @@ class Engine:
             ValueError: the engine folder in `folder` is missing or damaged.
         """
         path = folder / ENGINE_FOLDER
+        self.optimizer.zero_grad(set_to_none=True)  # see fsdp2.py's load: pytorch#140898
         try:
             self.fabric.load(path, self._states(), strict=True, weights_only=True)
-        except Exception as error:  # missing, torn or foreign: the same advice for each
+        except (Exception, CheckpointException) as error:  # missing, torn or foreign
             reason = f"{type(error).__name__}: {error}".splitlines()[0]
             raise ValueError(f"{path} does not load ({reason}); move {folder} away") from error
 

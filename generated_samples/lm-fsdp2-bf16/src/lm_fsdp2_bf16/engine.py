@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import Tensor, nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -85,6 +86,21 @@ class Engine:
         """Drop the last step's gradients (`set_to_none`: freed, not filled with zeros)."""
         self.optimizer.zero_grad(set_to_none=True)
 
+    def loss_scale(self) -> float | None:
+        """None: no loss scaling in this precision."""
+        return None
+
+    def step_skipped(self) -> bool:
+        """False: nothing here skips an update (non-finite steps: see nonfinite.py)."""
+        return False
+
+    def inference(self) -> contextlib.AbstractContextManager:
+        """Context for validation's forward passes: `torch.no_grad()`, not inference mode. FSDP2
+        allocates its all-gather buffers at the first forward; made in inference mode (a
+        validation right after a resume) they are inference tensors, and the next all-gather
+        into them fails ("Inference tensors do not track version counter")."""
+        return torch.no_grad()
+
     def micro_step(self, last: bool) -> contextlib.AbstractContextManager:
         """Context for one micro-batch's forward + backward: gradients are reduce-scattered on
         every micro-step, the `last` one or not.
@@ -106,10 +122,10 @@ class Engine:
 
     def clip_and_step(self, max_norm: float) -> Tensor:
         """Clip the global gradient L2 norm (over every rank's shards) to `max_norm`, then step;
-        returns the pre-clip norm (a replicated 0-dim DTensor)."""
+        returns the pre-clip norm (0-dim, the whole norm on every rank)."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         self.optimizer.step()
-        return grad_norm
+        return grad_norm.full_tensor()  # a plain tensor: the loop mixes it with others
 
     def save(self, folder: Path) -> None:
         """Every rank writes its shards of the model and optimizer into `folder` with
@@ -118,10 +134,25 @@ class Engine:
         dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder)
 
     def load(self, folder: Path) -> None:
-        """Load what `save` wrote into the sharded model and its optimizer (a collective)."""
+        """Load what `save` wrote into the sharded model and its optimizer (a collective).
+
+        Gradients are dropped first: `get_state_dict` fills an optimizer without state by a
+        zero-gradient step only where no gradient is present, and with one present (after a
+        warm-up or sanity backward) AdamW's moments would load into nothing, silently
+        (pytorch#140898).
+
+        Raises:
+            ValueError: a shard file is missing, torn or from another model (DCP raises the
+                same on every rank).
+        """
+        self.optimizer.zero_grad(set_to_none=True)
         model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
         state = {"model": model_state, "optimizer": optimizer_state}
-        dcp.load(state, checkpoint_id=folder)  # fills `state` in place
+        try:
+            dcp.load(state, checkpoint_id=folder)  # fills `state` in place
+        except (Exception, CheckpointException) as error:  # torn, missing or foreign files
+            reason = f"{type(error).__name__}: {error}".strip().splitlines()[0][:300]
+            raise ValueError(f"{folder} does not load ({reason}); move it away") from error
         set_state_dict(
             self.model,
             self.optimizer,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,6 +26,7 @@ from .config import Config
 from .runtime import Runtime, barrier, gather_objects
 from .state_io import atomic_save, atomic_write, atomic_write_text, fsync_dir, load_trusted
 
+FORMAT_VERSION = 1  # of trainer.pt's layout; a resume refuses another (resume.py)
 TRAINER_FILE = "trainer.pt"
 WEIGHTS_FILE = "model.safetensors"
 COMPLETE_MARKER = "COMPLETE"
@@ -82,19 +84,23 @@ def _pointed(directory: Path, pointer: str) -> Path | None:
     return directory / path.read_text().strip() if path.is_file() else None
 
 
-def find_latest(directory: Path) -> Checkpoint | None:
-    """The newest complete checkpoint whose `trainer.pt` loads, or None if there is none.
-
-    Tries the folder `last` names, then step folders newest first.
-    """
+def complete_checkpoints(directory: Path) -> Iterator[Checkpoint]:
+    """Every complete checkpoint whose `trainer.pt` loads, newest first: the folder `last`
+    names, then the other step folders (those are `fallback`s)."""
     last = _pointed(directory, "last")
+    seen = set()
     for folder in [last, *reversed(step_folders(directory))]:
-        if folder is None or not (folder / COMPLETE_MARKER).is_file():
+        if folder is None or folder in seen or not (folder / COMPLETE_MARKER).is_file():
             continue
+        seen.add(folder)
         state = load_trusted(folder / TRAINER_FILE, TRAINER_KEYS)
         if state is not None:
-            return Checkpoint(folder, state, fallback=folder != last)
-    return None
+            yield Checkpoint(folder, state, fallback=folder != last)
+
+
+def find_latest(directory: Path) -> Checkpoint | None:
+    """The newest complete checkpoint whose `trainer.pt` loads, or None if there is none."""
+    return next(complete_checkpoints(directory), None)
 
 
 class CheckpointManager:
@@ -126,9 +132,9 @@ class CheckpointManager:
         """True if the checkpoint folder holds anything, loadable or not."""
         return self.directory.is_dir() and any(self.directory.iterdir())
 
-    def latest(self) -> Checkpoint | None:
-        """See `find_latest`."""
-        return find_latest(self.directory)
+    def candidates(self) -> list[Checkpoint]:
+        """See `complete_checkpoints`."""
+        return list(complete_checkpoints(self.directory))
 
     def due(self, step: int) -> bool:
         """True when `checkpoint_every` (> 0) divides `step`: a periodic mid-epoch checkpoint."""
@@ -149,6 +155,7 @@ class CheckpointManager:
         if self.runtime.is_main:
             shared = {key: component.state_dict() for key, component in self.components.items()}
             state = {"components": shared, "ranks": ranks, "config": self.config.to_dict()}
+            state["format"] = FORMAT_VERSION
             atomic_save(state, partial / TRAINER_FILE)
             atomic_write_text(name + "\n", partial / COMPLETE_MARKER)
             final = self.directory / name
@@ -163,8 +170,22 @@ class CheckpointManager:
 
     def restore(self, checkpoint: Checkpoint) -> None:
         """Load `checkpoint` into the engine first (model, then optimizer), then the components,
-        then this rank's own states."""
-        self.engine.load(checkpoint.folder)
+        then this rank's own states.
+
+        Raises:
+            ValueError: the engine's files do not load: torn, or their tensors do not fit
+                this model or optimizer (another model.py).
+        """
+        try:
+            self.engine.load(checkpoint.folder)
+        except ValueError:
+            raise
+        except Exception as error:  # a torn file, or shapes and names of another model.py
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[-1][:300]
+            raise ValueError(
+                f"{checkpoint.folder} does not load into this model ({reason}); a torn file, "
+                "or a checkpoint of another model.py: resume with the one that wrote it"
+            ) from error
         for key, component in self.components.items():
             component.load_state_dict(checkpoint.state["components"][key])
         mine = checkpoint.state["ranks"][self.runtime.rank]

@@ -7,6 +7,7 @@ samplers, `barrier`, `shutdown_runtime`), so `train.py` reads the same for any p
 from __future__ import annotations
 
 import gc
+import math
 import multiprocessing
 import os
 import sys
@@ -41,6 +42,7 @@ class Runtime:
     world_size: int = 1
     local_rank: int = 0
     local_world_size: int = 1
+    control_group: dist.ProcessGroup | None = None  # gloo, for host-side flags (any_process)
 
     @property
     def is_main(self) -> bool:
@@ -95,7 +97,10 @@ def init_runtime(device: str) -> Runtime:
         else:  # a lone process: a file store needs no free port
             store = os.path.join(tempfile.mkdtemp(prefix="process-group-store-"), "store")
             dist.init_process_group(backend, init_method=f"file://{store}", rank=0, world_size=1)
-    return Runtime(resolved, rank, world_size, local_rank, local_world_size)
+    # Flags such as a stop request are agreed on the CPU: over NCCL, reading the result back
+    # would wait for every GPU kernel queued so far, once per step.
+    control = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+    return Runtime(resolved, rank, world_size, local_rank, local_world_size, control)
 
 
 def all_reduce_sum(tensor: Tensor, runtime: Runtime) -> Tensor:
@@ -109,6 +114,19 @@ def gather_objects(obj: Any, runtime: Runtime) -> list[Any]:
     gathered: list[Any] = [None] * runtime.world_size
     dist.all_gather_object(gathered, obj)
     return gathered
+
+
+def any_process(flag: bool, runtime: Runtime) -> bool:
+    """True if `flag` is True on any process (a collective on the CPU: no GPU sync)."""
+    total = torch.tensor([int(flag)])
+    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=runtime.control_group)
+    return bool(total.item())
+
+
+def most_eval_batches(dataset: Dataset, micro_batch_size: int, runtime: Runtime) -> int:
+    """The number of validation batches of the process that has the most: rank 0's
+    `ceil(len / world_size)` samples (`ShardSampler`), in batches of `micro_batch_size`."""
+    return math.ceil(math.ceil(len(dataset) / runtime.world_size) / micro_batch_size)
 
 
 def train_sampler(dataset: Dataset, seed: int, generator: torch.Generator) -> Sampler:

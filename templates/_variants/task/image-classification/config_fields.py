@@ -10,4 +10,6 @@
     weight_decay: float = 0.05
     early_stop_patience: int = 5
     task_positive_keys: ClassVar[tuple[str, ...]] = ()
+    # data settings a resume must keep (resume.py): they fix what the checkpoint trained on
+    task_resume_keys: ClassVar[tuple[str, ...]] = ()
     # --- end of the task's section ---

@@ -12,4 +12,6 @@
     weight_decay: float = 0.1
     early_stop_patience: int = 3
     task_positive_keys: ClassVar[tuple[str, ...]] = ("block_size", "corpus_bytes")
+    # data settings a resume must keep (resume.py): they fix what the checkpoint trained on
+    task_resume_keys: ClassVar[tuple[str, ...]] = ("block_size", "corpus_bytes", "text_path")
     # --- end of the task's section ---

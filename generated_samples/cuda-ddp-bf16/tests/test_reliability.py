@@ -1,0 +1,235 @@
+"""Runs that meet a stop signal, a non-finite step, unequal validation shards, a damaged or
+foreign checkpoint, a bad config or a busy run folder: each loses nothing and says what
+happened."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from cuda_ddp_bf16.checkpoint import TRAINER_FILE, find_latest, step_folders
+from cuda_ddp_bf16.config import Config, load_config
+from cuda_ddp_bf16.preemption import Preempted
+from cuda_ddp_bf16.runtime import init_runtime
+from cuda_ddp_bf16.state_io import atomic_save
+from cuda_ddp_bf16.train import Trainer, evaluate, train_step
+
+from conftest import config_for_tests, exported_weights
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> Config:
+    """One epoch of two-micro-batch steps with a checkpoint every 4 steps, trained once for
+    this module without a stop: the run every interrupted one must reproduce."""
+    config = config_for_tests(tmp_path_factory.mktemp("straight") / "run")
+    config = dataclasses.replace(config, epochs=1, grad_accum_steps=2, checkpoint_every=4)
+    Trainer(config, init_runtime("cpu")).fit()
+    return config
+
+
+def on_forward(trainer: Trainer, act) -> list[int]:
+    """Call `act(calls, training)` after every forward pass of the bare model, with the count
+    of training passes so far; returns the counter."""
+    calls = [0]
+
+    def hook(module, args, output):
+        calls[0] += module.training
+        return act(calls[0], module.training, output)
+
+    trainer.engine.model.register_forward_hook(hook)
+    return calls
+
+
+def send_stop_signal_once(sent: list[bool]) -> None:
+    if not sent:
+        sent.append(True)
+        os.kill(os.getpid(), signal.SIGTERM)  # a real signal, to this process
+
+
+def train_steps_logged(run_dir: Path) -> list[int]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [record["step"] for record in map(json.loads, lines) if record["kind"] == "train"]
+
+
+# Where the signal lands: the first micro-batch of step 3 (of 2), the first validation batch,
+# and the checkpoint of step 4 while it is written. The run stops at the step it names.
+STOPS = {"mid-accumulation": 3, "mid-validation": "last", "mid-save": 4}
+
+
+@pytest.mark.parametrize("where", STOPS)
+def test_a_stop_signal_checkpoints_and_the_resumed_run_ends_bitwise(straight, tmp_path, where):
+    config = dataclasses.replace(straight, run_dir=str(tmp_path / "run"), log_every=1)
+    trainer, sent = Trainer(config, init_runtime("cpu")), []
+    if where == "mid-save":
+        save = trainer.engine.save
+        trainer.engine.save = lambda folder: (send_stop_signal_once(sent), save(folder))
+    else:
+
+        def act(calls, training, output):
+            if (training and calls == 5) if where == "mid-accumulation" else not training:
+                send_stop_signal_once(sent)
+
+        on_forward(trainer, act)
+    with pytest.raises(Preempted, match="SIGTERM"):
+        trainer.fit()
+    stopped_at = trainer.steps_per_epoch if STOPS[where] == "last" else STOPS[where]
+    saved = find_latest(Path(config.run_dir) / "checkpoints")
+    assert saved.state["components"]["progress"]["step"] == stopped_at
+    Trainer(config, init_runtime("cpu"), resume=True).fit()
+    expected, resumed = exported_weights(Path(straight.run_dir)), exported_weights(tmp_path / "run")
+    assert all(torch.equal(resumed[name], value) for name, value in expected.items())
+    logged = train_steps_logged(tmp_path / "run")
+    assert logged == list(range(1, trainer.steps_per_epoch + 1)), "each step logged once"
+
+
+def test_signals_between_runs_keep_their_previous_handlers(config):
+    before = signal.getsignal(signal.SIGTERM)
+    Trainer(dataclasses.replace(config, stop_after_steps=1), init_runtime("cpu")).fit()
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_validation_pads_to_the_most_batches_and_counts_each_sample_once(config):
+    trainer = Trainer(config, init_runtime("cpu"))
+    passes = on_forward(trainer, lambda calls, training, output: None)
+    evals = []
+    trainer.engine.model.register_forward_hook(lambda module, args, output: evals.append(1))
+    batches = len(trainer.val_loader)
+    exact = evaluate(trainer.engine, trainer.val_loader, batches, lambda: False)
+    padded = evaluate(trainer.engine, trainer.val_loader, batches + 2, lambda: False)
+    assert len(evals) == 2 * batches + 2 and passes[0] == 0
+    assert padded == exact, "the padding passes count nothing"
+    assert evaluate(trainer.engine, trainer.val_loader, batches, lambda: True) is None
+    assert trainer.engine.model.training, "train mode is back after a stopped validation"
+
+
+def poison(output):
+    return output * float("inf")  # inf logits: an inf/NaN loss and gradients
+
+
+def test_a_non_finite_update_stops_the_run_before_its_weights_are_saved(config):
+    config = dataclasses.replace(config, log_every=100, checkpoint_every=2, stop_after_steps=9)
+    trainer = Trainer(config, init_runtime("cpu"))
+    on_forward(trainer, lambda calls, training, output: poison(output) if calls == 5 else None)
+    with pytest.raises(FloatingPointError, match="step 5 had an inf/NaN"):
+        trainer.fit()
+    assert [folder.name for folder in step_folders(trainer.checkpoints.directory)] == [
+        "step-00000002",
+        "step-00000004",
+    ], "no checkpoint of the damaged weights"
+    resumed = Trainer(config, init_runtime("cpu"), resume=True)
+    assert resumed.state.step == 4
+    assert all(value.isfinite().all() for value in resumed.engine.full_state_dict().values())
+
+
+def test_the_optimizer_state_loads_whatever_gradients_are_present(config, tmp_path):
+    config = dataclasses.replace(config, stop_after_steps=2, dropout=0.0)  # the same masks
+    first = Trainer(config, init_runtime("cpu"))
+    first.fit()
+    other = dataclasses.replace(config, run_dir=str(tmp_path / "other"))
+    second = Trainer(other, init_runtime("cpu"))
+    batch = next(iter(second.train_loader))
+    inputs, targets = batch  # no optimizer state yet, gradients present (a sanity backward):
+    with second.engine.autocast():
+        loss = second.engine.module(inputs).float().mean()
+    second.engine.backward(loss)
+    second.checkpoints.restore(find_latest(first.checkpoints.directory))
+    for trainer in (first, second):  # the same next step: equal only if AdamW's state loaded
+        train_step(trainer.engine, trainer.scheduler, [batch], 1, config.max_grad_norm)
+    expected, loaded = first.engine.full_state_dict(), second.engine.full_state_dict()
+    assert all(torch.equal(loaded[name], value) for name, value in expected.items())
+
+
+@pytest.fixture
+def two_checkpoints(straight, tmp_path) -> tuple[Config, list[Path]]:
+    """A copy of the straight run for one test to damage: its config and step folders."""
+    config = dataclasses.replace(straight, run_dir=str(tmp_path / "run"))
+    shutil.copytree(straight.run_dir, config.run_dir)
+    return config, step_folders(Path(config.run_dir) / "checkpoints")
+
+
+def test_a_torn_newest_checkpoint_falls_back_to_the_one_before(two_checkpoints):
+    config, folders = two_checkpoints
+    for path in folders[-1].rglob("*"):  # every engine file torn, trainer.pt intact
+        if path.is_file() and path.name not in (TRAINER_FILE, "COMPLETE"):
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    trainer = Trainer(config, init_runtime("cpu"), resume=True)
+    assert trainer.resumed_from == str(folders[-2])
+
+
+def rewrite_trainer_state(folder: Path, change) -> None:
+    state = torch.load(folder / TRAINER_FILE, weights_only=True)
+    change(state)
+    atomic_save(state, folder / TRAINER_FILE)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda state: state.update(format=99), "format 99"),
+        (lambda state: state["ranks"].append(state["ranks"][0]), "2-process checkpoints"),
+        (lambda state: state["config"].update(seed=7), "changed seed"),
+    ],
+)
+def test_a_foreign_checkpoint_is_refused_in_one_line_saying_what_differs(
+    two_checkpoints, change, message
+):
+    config, folders = two_checkpoints
+    for folder in folders:
+        rewrite_trainer_state(folder, change)
+    with pytest.raises(ValueError, match=message) as refused:
+        Trainer(config, init_runtime("cpu"), resume=True)
+    assert "\n" not in str(refused.value)
+
+
+def test_every_config_problem_is_listed_in_one_error():
+    overrides = ["lr=-1", "grad_accum_steps=0", "epochs=many", "learning_rate=1", "dropout"]
+    with pytest.raises(ValueError) as refused:
+        load_config(None, overrides)
+    message = str(refused.value)
+    assert message.startswith("5 config problems") and "\n" not in message
+    for problem in [
+        "lr must be > 0",
+        "grad_accum_steps must be > 0",
+        "'epochs' needs a whole number",
+        "unknown config key 'learning_rate'",
+        "'dropout' is not key=value",
+    ]:
+        assert problem in message
+
+
+def test_a_second_run_in_a_busy_folder_is_refused(config):
+    first = Trainer(config, init_runtime("cpu"))
+    with pytest.raises(ValueError, match="in use by pid"):
+        Trainer(config, init_runtime("cpu"), resume=True)
+    first.run_folder.release()
+    Trainer(config, init_runtime("cpu"), resume=True)
+
+
+def test_a_start_removes_what_killed_saves_left_behind(config):
+    Trainer(dataclasses.replace(config, stop_after_steps=1), init_runtime("cpu")).fit()
+    checkpoints = Path(config.run_dir) / "checkpoints"
+    partial = checkpoints / ".step-00000009.partial"
+    partial.mkdir()
+    (partial / "shard").write_bytes(b"half")
+    leftovers = [partial, checkpoints / ".last.tmp4242", Path(config.run_dir) / ".x.tmp7"]
+    for path in leftovers[1:]:
+        path.write_bytes(b"half")
+    keep = Path(config.run_dir) / ".keep.tmp"  # not a name our writers use
+    keep.write_bytes(b"theirs")
+    Trainer(config, init_runtime("cpu"), resume=True)
+    assert not any(path.exists() for path in leftovers) and keep.exists()
+
+
+def test_a_resume_past_stop_after_steps_stops_at_once(config):
+    Trainer(dataclasses.replace(config, stop_after_steps=3), init_runtime("cpu")).fit()
+    trainer = Trainer(dataclasses.replace(config, stop_after_steps=2), init_runtime("cpu"), True)
+    trainer.fit()
+    assert trainer.state.step == 3 and not math.isnan(trainer.state.initial_loss)

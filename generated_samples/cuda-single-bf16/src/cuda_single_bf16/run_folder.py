@@ -1,0 +1,84 @@
+"""One run per run folder, and what killed runs of it left behind.
+
+The main process holds an exclusive `flock` on `<run_dir>/.lock` for the run's life; the
+kernel drops it when the process ends, however it ends (SIGKILL and power loss included). A
+second run in the same folder is refused instead of interleaving its checkpoints and logs
+with the first. Holding the lock also proves that no live process is writing in the folder, so
+the temporaries a killed save left there (`checkpoints/.step-<N>.partial/` folders and
+`.<name>.tmp<pid>` files) are removed when a run starts: at a large model's checkpoint size,
+a few preemptions would otherwise fill a disk.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shutil
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+
+from .runtime import Runtime, any_process
+
+LOCK_FILE = ".lock"
+TEMPORARY = re.compile(r"\..+\.(partial|tmp\d+)")  # what checkpoint.py and state_io.py write
+
+
+class RunFolderLock:
+    """Takes `<run_dir>/.lock` on the main process (every process calls it: a collective),
+    then removes the folder's stale temporaries; the lock is held until `release` or until
+    this object is collected.
+
+    Raises:
+        ValueError: another process holds the lock (a run is going on in this folder), or
+            the folder cannot be created or locked.
+    """
+
+    def __init__(self, run_dir: str, runtime: Runtime):
+        self.path = Path(run_dir) / LOCK_FILE
+        self.closer: Callable[[], object] = lambda: None
+        problem = self._acquire() if runtime.is_main else None
+        if any_process(problem is not None, runtime):
+            raise ValueError(problem or f"the main process could not lock {self.path}")
+        if runtime.is_main:
+            removed = remove_stale_temporaries(Path(run_dir))
+            if removed:
+                runtime.notice(f"removed {len(removed)} temporaries of killed saves in {run_dir}")
+
+    def release(self) -> None:
+        """Let the next run of this folder start (idempotent)."""
+        self.closer()  # closing the descriptor drops its flock
+
+    def _acquire(self) -> str | None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            return f"cannot lock {self.path} ({error.strerror}); choose a writable run_dir"
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(descriptor)
+            holder = self.path.read_text(encoding="utf-8").strip() or "another process"
+            return (
+                f"{self.path.parent} is in use by {holder}; wait for that run to end, "
+                "stop it, or pass run_dir=NEW"
+            )
+        self.closer = weakref.finalize(self, os.close, descriptor)  # also when collected
+        os.ftruncate(descriptor, 0)
+        os.write(descriptor, f"pid {os.getpid()} on {os.uname().nodename}\n".encode())
+        return None
+
+
+def remove_stale_temporaries(run_dir: Path) -> list[Path]:
+    """Delete every temporary that `checkpoint.py` and `state_io.py` write under `run_dir`
+    (only safe with the folder's lock held: then no live process is writing them); return
+    their paths."""
+    stale = [path for path in run_dir.rglob(".*") if TEMPORARY.fullmatch(path.name)]
+    for path in stale:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return stale
