@@ -129,8 +129,10 @@ class CheckpointManager:
         self.config = config
 
     def has_checkpoints(self) -> bool:
-        """True if the checkpoint folder holds anything, loadable or not."""
-        return self.directory.is_dir() and any(self.directory.iterdir())
+        """True if the checkpoint folder holds a checkpoint, loadable or not (a killed save's
+        hidden temporaries do not count: a run killed in its first save starts afresh)."""
+        folder = self.directory
+        return folder.is_dir() and any(not path.name.startswith(".") for path in folder.iterdir())
 
     def candidates(self) -> list[Checkpoint]:
         """See `complete_checkpoints`."""

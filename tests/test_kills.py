@@ -1,0 +1,151 @@
+"""Kills at random moments of a rendered project's run, saves included: every `--resume`
+continues from the newest complete checkpoint, and the run ends bitwise where an unkilled run
+ends, each step logged once. One sample writes a single-file checkpoint (plain PyTorch, one
+process), the other sharded ones (FSDP2, two processes under torchrun).
+
+`SCAFFOLD_KILLS` sets the number of kills per sample (CI: a few; the figures in the issue
+note: 50). Each kill is a SIGKILL to the whole process group, the way an out-of-memory
+killer or a lost node ends a job: no handler runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+SAMPLES = Path(__file__).resolve().parents[1] / "generated_samples"
+KILLS = int(os.environ.get("SCAFFOLD_KILLS", "4"))
+
+# A model large enough that a save takes a measurable time (tens of milliseconds on a CPU),
+# a checkpoint after every step, and the two newest kept.
+SETTINGS = {
+    "cpu-single-fp32": ["model_size=2M", "micro_batch_size=64", "grad_accum_steps=1"],
+    "lm-fsdp2-bf16": ["corpus_bytes=30000", "block_size=32", "model_size=1M"],
+}
+COMMON = ["device=cpu", "epochs=1", "checkpoint_every=1", "keep_last=2", "log_every=1"]
+COMMON += ["warmup_steps=5", "activation_checkpointing=false"]
+
+
+@dataclass
+class Tally:
+    """What the kills did: how many landed in a save, how many half-written checkpoint
+    folders they left (the next start removes them), and how many resumes fell back past the
+    newest checkpoint."""
+
+    kills: int = 0
+    during_save: int = 0
+    left_partial: int = 0
+    fallbacks: int = 0
+
+
+def command(sample: str, run_dir: Path, resume: bool) -> list[str]:
+    package = sample.replace("-", "_")
+    settings = [*SETTINGS[sample], *COMMON, f"run_dir={run_dir}"]
+    if sample == "lm-fsdp2-bf16":
+        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        launch += ["--nproc-per-node=2", "-m", f"{package}.train"]
+    else:
+        launch = [sys.executable, "-m", f"{package}.train"]
+    return [*launch, *settings, *(["--resume"] if resume else [])]
+
+
+def start(sample: str, run_dir: Path, resume: bool, scratch: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(SAMPLES / sample / "src"), "OMP_NUM_THREADS": "1"}
+    env["TMPDIR"] = str(scratch)  # short socket paths for torchrun and DataLoader workers
+    return subprocess.Popen(
+        command(sample, run_dir, resume),
+        cwd=SAMPLES / sample,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: the kill reaches every process
+    )
+
+
+def saving(run_dir: Path) -> bool:
+    return any((run_dir / "checkpoints").glob(".step-*.partial"))
+
+
+def kill_at_random(process: subprocess.Popen, run_dir: Path, rng: random.Random) -> bool:
+    """Wait for the run to train, then SIGKILL its group: half the time at the start of a
+    save, otherwise after a random delay. Returns whether the kill landed during a save; False
+    too when the run ended first."""
+    metrics, deadline = run_dir / "metrics.jsonl", time.monotonic() + 300
+    while not metrics.is_file() or '"train"' not in metrics.read_text():
+        if process.poll() is not None or time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    if rng.random() < 0.5:
+        while not saving(run_dir) and process.poll() is None:
+            time.sleep(0.001)
+        time.sleep(rng.uniform(0, 0.03))
+    else:
+        time.sleep(rng.uniform(0, 1.0))
+    if process.poll() is not None:
+        return False
+    in_save = saving(run_dir)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    return in_save
+
+
+def finish(process: subprocess.Popen, tally: Tally) -> int:
+    stderr = process.communicate(timeout=600)[1]
+    tally.fallbacks += stderr.count("not the one `last` names")
+    assert process.returncode == 0, stderr[-3000:]
+    return process.returncode
+
+
+def train_steps(run_dir: Path) -> list[int]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["step"] for line in lines if '"train"' in line]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sample", list(SETTINGS))
+def test_random_kills_lose_no_checkpoint_and_the_run_ends_bitwise(sample, tmp_path):
+    scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"kill-{os.getpid()}-{sample}"
+    scratch.mkdir(parents=True, exist_ok=True)
+    try:
+        straight, killed = tmp_path / "straight", tmp_path / "killed"
+        assert finish(start(sample, straight, False, scratch), Tally()) == 0
+        rng, tally = random.Random(sample), Tally()
+        resume = False
+        while tally.kills < KILLS:
+            process = start(sample, killed, resume, scratch)
+            in_save = kill_at_random(process, killed, rng)
+            if process.returncode is None:  # the run ended before the kill
+                assert finish(process, tally) == 0
+                shutil.rmtree(killed)  # start again, to spend the kills
+                resume = False
+                continue
+            tally.kills += 1
+            tally.during_save += in_save
+            tally.left_partial += len(list((killed / "checkpoints").glob(".step-*.partial")))
+            resume = True
+        assert finish(start(sample, killed, True, scratch), tally) == 0
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    expected, actual = (load_file(run / "model.safetensors") for run in (straight, killed))
+    assert all(torch.equal(actual[name], value) for name, value in expected.items())
+    steps = train_steps(killed)
+    assert steps == sorted(set(steps)) == train_steps(straight), "every step logged once"
+    assert not list((killed / "checkpoints").glob(".*")), "no temporary left behind"
+    print(
+        f"\n{sample}: {tally.kills} kills ({tally.during_save} during a save), 0 lost, "
+        f"{tally.left_partial} half-written folders left (all removed by the next start), "
+        f"{tally.fallbacks} fallbacks past the newest checkpoint"
+    )
