@@ -10,19 +10,22 @@ import math
 import os
 import shutil
 import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from cuda_single_fp16 import loader
 from cuda_single_fp16.checkpoint import TRAINER_FILE, find_latest, step_folders
 from cuda_single_fp16.config import Config, load_config
-from cuda_single_fp16.preemption import Preempted
+from cuda_single_fp16.preemption import PREEMPTED_EXIT_CODE, Preempted
 from cuda_single_fp16.runtime import init_runtime
 from cuda_single_fp16.state_io import atomic_save
 from cuda_single_fp16.train import Trainer, evaluate, train_step
 
-from conftest import config_for_tests, exported_weights
+from conftest import PROJECT_ROOT, config_for_tests, exported_weights, training_command
 
 
 @pytest.fixture(scope="module")
@@ -96,18 +99,41 @@ def test_signals_between_runs_keep_their_previous_handlers(config):
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def test_validation_pads_to_the_most_batches_and_counts_each_sample_once(config):
+def test_a_stopped_run_with_loader_workers_exits(tmp_path):
+    """The workers ignore the stop signals (the run decides when to stop): its exit must still
+    end them. Before, a run stopped mid-epoch saved its checkpoint, then waited for good."""
+    run_dir = tmp_path / "run"
+    command, env = training_command(
+        "device=cpu", "num_workers=2", "log_every=1", f"run_dir='{run_dir.as_posix()}'"
+    )
+    options = {"cwd": PROJECT_ROOT, "env": env, "stderr": subprocess.PIPE, "text": True}
+    with subprocess.Popen(command, start_new_session=True, **options) as run:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "metrics.jsonl").is_file() or not train_steps_logged(run_dir):
+            assert run.poll() is None and time.monotonic() < deadline, "no step logged"
+            time.sleep(0.02)
+        run.send_signal(signal.SIGTERM)
+        try:
+            stderr = run.communicate(timeout=60)[1]
+        except subprocess.TimeoutExpired:
+            os.killpg(run.pid, signal.SIGKILL)  # the workers too
+            pytest.fail("the stopped run did not exit within 60 s")
+    assert run.returncode == PREEMPTED_EXIT_CODE, stderr[-3000:]
+    assert "stopped by SIGTERM" in stderr
+
+
+def test_validation_pads_to_the_most_batches_and_counts_each_sample_once(config, monkeypatch):
     trainer = Trainer(config, init_runtime("cpu"))
     passes = on_forward(trainer, lambda calls, training, output: None)
     evals = []
     trainer.engine.model.register_forward_hook(lambda module, args, output: evals.append(1))
     batches = len(trainer.val_loader)
-    exact = evaluate(trainer.engine, trainer.val_loader, batches, lambda: False)
-    padded = evaluate(trainer.engine, trainer.val_loader, batches + 2, lambda: False)
+    exact = evaluate(trainer.engine, trainer.val_loader, lambda: None)
+    # as if another rank had two more validation batches than this one
+    monkeypatch.setattr(loader, "most_eval_batches", lambda *args: batches + 2)
+    padded = evaluate(trainer.engine, trainer.val_loader, lambda: None)
     assert len(evals) == 2 * batches + 2 and passes[0] == 0
     assert padded == exact, "the padding passes count nothing"
-    assert evaluate(trainer.engine, trainer.val_loader, batches, lambda: True) is None
-    assert trainer.engine.model.training, "train mode is back after a stopped validation"
 
 
 def poison(output):
@@ -119,7 +145,7 @@ def test_a_skipped_update_is_counted_and_does_not_move_the_schedule(config):
     trainer = Trainer(config, init_runtime("cpu"))
     on_forward(trainer, lambda calls, training, output: poison(output) if calls == 3 else None)
     trainer.fit()
-    assert trainer.nonfinite.skipped == 1 and trainer.state.step == 5
+    assert trainer.guards.nonfinite.skipped == 1 and trainer.state.step == 5
     assert trainer.scheduler.last_epoch == 4, "the schedule counts applied updates only"
     records = [json.loads(line) for line in (Path(config.run_dir) / "metrics.jsonl").open()]
     skipped = [record["skipped_steps"] for record in records if record["kind"] == "train"]
@@ -220,7 +246,7 @@ def test_a_second_run_in_a_busy_folder_is_refused(config):
     first = Trainer(config, init_runtime("cpu"))
     with pytest.raises(ValueError, match="in use by pid"):
         Trainer(config, init_runtime("cpu"), resume=True)
-    first.run_folder.release()
+    first.guards.run_folder.release()
     Trainer(config, init_runtime("cpu"), resume=True)
 
 

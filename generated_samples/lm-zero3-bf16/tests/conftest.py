@@ -54,11 +54,16 @@ def config(tmp_path: Path, runtime: Runtime) -> Config:
     return config_for_tests(tmp_path / "run")
 
 
-def run_training(*args: str) -> subprocess.CompletedProcess:
-    """The training entry point (`python -m <package>.train`) with ARGS in a fresh
-    interpreter, from the project root, TEST_SETTINGS applied first."""
+def training_command(*args: str) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of the training entry point (`python -m
+    <package>.train`) with ARGS, TEST_SETTINGS applied first; run it from PROJECT_ROOT."""
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
-    command = [sys.executable, "-m", "lm_zero3_bf16.train", *TEST_OVERRIDES, *args]
+    return [sys.executable, "-m", "lm_zero3_bf16.train", *TEST_OVERRIDES, *args], env
+
+
+def run_training(*args: str) -> subprocess.CompletedProcess:
+    """The training entry point with ARGS in a fresh interpreter (`training_command`)."""
+    command, env = training_command(*args)
     result = subprocess.run(command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     return result

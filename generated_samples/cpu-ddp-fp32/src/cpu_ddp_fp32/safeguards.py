@@ -19,12 +19,13 @@ from .nonfinite import NonFiniteSteps
 from .preemption import Preempted, StopRequest
 from .progress import TrainState
 from .run_folder import RunFolderLock
+from .runtime import barrier
 
 
 class Safeguards:
     """Stop signals, non-finite steps and the run folder's lock of one run. Use it as a context
     around the loop: the stop signals' handlers are installed inside it, and leaving it lets
-    the next run of the folder start.
+    the next run of the folder start. A stopped run's processes leave it together.
 
     Raises:
         ValueError: another run holds the run folder (`RunFolderLock`).
@@ -50,6 +51,10 @@ class Safeguards:
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        if isinstance(error, Preempted):  # every process stopped at the same step
+            # A launcher ends the other processes as soon as one exits with a non-zero code: none
+            # leaves before the rest have closed what they write (the main process's trackers).
+            barrier(self.runtime)
         self.stop_request.uninstall()
         self.run_folder.release()
 

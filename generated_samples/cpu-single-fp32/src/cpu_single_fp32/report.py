@@ -33,7 +33,7 @@ class RunLog:
     validations, one JSON object per line) and the same values to the trackers, the progress
     bar, the throughput counters, the profiler window, the plot and the run summary. Only the
     main process writes and prints; every process counts and reduces alike, and writes its own
-    profiler trace.
+    profiler trace. Used as a context, it closes on the way out.
 
     Raises:
         ValueError: a tracker the config asks for is not installed (`check_trackers`).
@@ -190,6 +190,12 @@ class RunLog:
         for tracker in self.trackers:
             tracker.close()
         self.trackers = []
+
+    def __enter__(self) -> RunLog:
+        return self
+
+    def __exit__(self, *exception: object) -> None:
+        self.close()
 
 
 def keep_records_up_to(path: Path, step: int) -> None:

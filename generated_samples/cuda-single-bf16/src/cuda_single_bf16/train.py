@@ -101,7 +101,7 @@ class Trainer:
         Raises Preempted (a stop signal) or FloatingPointError (inf/NaN), see safeguards.py."""
         config, state = self.config, self.state
         self.log.start_run(state, self.resumed_from)
-        with self.guards:  # also holds the run folder's lock
+        with self.guards, self.log:  # the log closes first, then the guards let go
             while not state.finished(config):  # a resumed run that had ended stays ended
                 if not self.train_epoch():
                     break  # stopped mid-epoch by stop_after_steps; the checkpoint is written
@@ -150,8 +150,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"error: {error}") from None
     try:
         return trainer.fit()  # a stop signal exits with PREEMPTED_EXIT_CODE (preemption.py)
-    finally:
-        trainer.log.close()  # what the trackers hold reaches disk on every way out
+    finally:  # fit closed the log on every way out
         del trainer  # free the wrapper's communication hooks before the process group goes
         shutdown_runtime(runtime)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import multiprocessing
 import random
 import signal
 import time
@@ -40,6 +42,22 @@ def seed_worker(worker_id: int) -> None:
     random.seed(worker_seed)
     for number in STOP_SIGNALS:  # the training process decides when to stop; workers follow
         signal.signal(number, signal.SIG_IGN)
+
+
+def stop_workers_at_exit() -> None:
+    """Kill the DataLoader workers of this process still alive at its exit (registered with
+    `atexit`). They ignore the stop signals (`seed_worker`), and multiprocessing's own exit
+    handler ends daemonic children with SIGTERM and then joins them: a run that left its loader
+    mid-epoch (a stop signal, an inf/NaN, any error) would wait at exit for good."""
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
+            child.join()
+
+
+# atexit runs its handlers last registered first: this one before multiprocessing's, which
+# importing torch registered already.
+atexit.register(stop_workers_at_exit)
 
 
 def make_train_loader(dataset: Dataset, config: Config, runtime: Runtime) -> DataLoader:
