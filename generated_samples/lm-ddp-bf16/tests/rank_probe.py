@@ -15,7 +15,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from lm_ddp_bf16.config import load_config
-from lm_ddp_bf16.runtime import init_runtime, shutdown_runtime
+from lm_ddp_bf16.runtime import Runtime, init_runtime, shutdown_runtime
+from lm_ddp_bf16.task import IGNORE_INDEX, micro_batch_weights
 from lm_ddp_bf16.train import Trainer
 
 WRAPPER_ATTRIBUTES = ("_forward_module", "_orig_mod", "module")  # where wrappers keep the wrapped
@@ -51,6 +52,14 @@ def record_compute_dtypes(model: nn.Module) -> set[str]:
     return seen
 
 
+def unequal_step_weights(runtime: Runtime) -> list[float]:
+    """`micro_batch_weights` of a step of two micro-batches of 8 targets, of which rank r
+    counts r + 1 and 8 (the rest is padding): the counts differ across micro-batches and ranks."""
+    counted = [runtime.rank + 1, 8]
+    targets = [torch.tensor([0] * n + [IGNORE_INDEX] * (8 - n)) for n in counted]
+    return [weight.item() for weight in micro_batch_weights(targets, runtime)]
+
+
 def main(config_path: str, run_dir: str, *overrides: str) -> None:
     config = load_config(config_path, ["device=cpu", *overrides])
     runtime = init_runtime("cpu")
@@ -63,6 +72,7 @@ def main(config_path: str, run_dir: str, *overrides: str) -> None:
         "wrappers": wrapper_names(trainer.engine.module),
         "stored_fraction": stored_fraction(trainer.engine.model),
         "compute_dtypes": sorted(compute_dtypes),
+        "unequal_step_weights": unequal_step_weights(runtime),
     }
     with open(f"{run_dir}/ran-rank{runtime.rank}.json", "w") as file:
         json.dump(facts, file)

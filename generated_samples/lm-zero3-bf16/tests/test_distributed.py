@@ -235,6 +235,9 @@ def test_every_rank_ran_what_was_rendered_and_ends_with_identical_parameters(two
         assert ran["compute_dtypes"] == [str(COMPUTE_DTYPE)], ran
         assert ran["stored_fraction"] == pytest.approx(0.5, abs=0.05), ran  # each rank half
         assert "DeepSpeedEngine" in ran["wrappers"], ran
+        # n * M * W / N: rank 0 counts 1 and 8 targets, rank 1 2 and 8, N = 19 on both ranks
+        expected = [n * 2 * 2 / 19 for n in (rank + 1, 8)]
+        assert ran["unequal_step_weights"] == pytest.approx(expected, rel=1e-6), ran
     rank0, rank1 = (torch.load(tmp_path / f"params-rank{r}.pt") for r in (0, 1))
     assert torch.equal(rank0, rank1)
 

@@ -11,12 +11,13 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from lm_zero3_bf16 import engine as engine_module
+from lm_zero3_bf16 import train
 from lm_zero3_bf16.data import build_datasets
 from lm_zero3_bf16.engine import Engine
 from lm_zero3_bf16.model import build_model
 from lm_zero3_bf16.resume import seed_everything
 from lm_zero3_bf16.runtime import init_runtime
-from lm_zero3_bf16.task import loss_fn
+from lm_zero3_bf16.task import IGNORE_INDEX, eval_sums, loss_fn, micro_batch_weights
 from lm_zero3_bf16.train import train_step
 
 NO_CLIP = 1e9
@@ -67,6 +68,80 @@ def test_accumulated_micro_batches_equal_one_big_batch(config, monkeypatch):
     for a, b in zip(accumulated, whole, strict=True):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a, b, **tolerance())
+
+
+def unweighted(monkeypatch) -> None:
+    """Accumulate as the mean of per-micro-batch means, as the loop did before weighting."""
+    monkeypatch.setattr(train, "micro_batch_weights", lambda targets, runtime: [1.0] * len(targets))
+
+
+def norm(tensors) -> torch.Tensor:
+    return torch.linalg.vector_norm(torch.cat([tensor.flatten() for tensor in tensors]))
+
+
+def distance(updates, reference) -> float:
+    """The relative distance of two updates: ||a - b|| / ||b|| over every parameter."""
+    difference = [a - b for a, b in zip(updates, reference, strict=True)]
+    return (norm(difference) / norm(reference)).item()
+
+
+def test_unequal_token_counts_accumulate_to_the_mean_over_every_counted_token(config, monkeypatch):
+    """Padded data (huggingface/transformers#24725): the second micro-batch counts one row of
+    its 16, the rest is IGNORE_INDEX. Accumulated, the step must be the whole batch's step
+    (the mean over its counted tokens); the mean of the two micro-batch means is far from it."""
+    monkeypatch.setattr(engine_module, "COMPUTE_DTYPE", torch.float32)
+    config = dataclasses.replace(config, dropout=0.0)
+    inputs, targets = first_batch(config, size=32)
+    targets = targets.clone()
+    targets[17:] = IGNORE_INDEX
+    model = build_model(config)
+    micro = [(inputs[:16], targets[:16]), (inputs[16:], targets[16:])]
+    accumulated, _ = sgd_updates(copy.deepcopy(model), micro, config)
+    whole, _ = sgd_updates(copy.deepcopy(model), [(inputs, targets)], config)
+    for a, b in zip(accumulated, whole, strict=True):
+        torch.testing.assert_close(a, b, **tolerance())
+    unweighted(monkeypatch)
+    means, _ = sgd_updates(copy.deepcopy(model), micro, config)
+    assert distance(means, whole) > 0.1 and distance(accumulated, whole) < 1e-4
+
+
+def test_a_micro_batch_without_counted_targets_adds_nothing(config, monkeypatch):
+    """Its mean would be 0/0 (NaN): it counts as 0, and the step is the other micro-batch's."""
+    monkeypatch.setattr(engine_module, "COMPUTE_DTYPE", torch.float32)
+    config = dataclasses.replace(config, dropout=0.0)
+    inputs, targets = first_batch(config, size=32)
+    empty = torch.full_like(targets[16:], IGNORE_INDEX)
+    model = build_model(config)
+    micro = [(inputs[:16], targets[:16]), (inputs[16:], empty)]
+    accumulated, _ = sgd_updates(copy.deepcopy(model), micro, config)
+    alone, _ = sgd_updates(copy.deepcopy(model), micro[:1], config)
+    for a, b in zip(accumulated, alone, strict=True):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, **tolerance())
+
+
+def test_equal_token_counts_weigh_exactly_one_and_step_bitwise_as_unweighted(config, monkeypatch):
+    config = dataclasses.replace(config, dropout=0.0)
+    inputs, targets = first_batch(config)
+    micro = [(inputs[i : i + 16], targets[i : i + 16]) for i in range(0, 64, 16)]
+    weights = micro_batch_weights([batch[1] for batch in micro], init_runtime("cpu"))
+    assert [weight.item() for weight in weights] == [1.0] * 4
+    model = build_model(config)
+    weighted, _ = sgd_updates(copy.deepcopy(model), micro, config)
+    unweighted(monkeypatch)
+    plain, _ = sgd_updates(copy.deepcopy(model), micro, config)
+    assert all(torch.equal(a, b) for a, b in zip(weighted, plain, strict=True))
+
+
+def test_validation_counts_only_counted_targets(config):
+    inputs, targets = first_batch(config, size=8)
+    with torch.no_grad():
+        logits = build_model(config).eval()(inputs)
+    padded = targets.clone()
+    padded[:, 4:] = IGNORE_INDEX
+    sums, kept = eval_sums(logits, padded), eval_sums(logits[:, :4], targets[:, :4])
+    assert sums[2].item() == 8 * 4
+    torch.testing.assert_close(sums, kept)
 
 
 def test_clipping_sees_the_true_gradient_norm(config):

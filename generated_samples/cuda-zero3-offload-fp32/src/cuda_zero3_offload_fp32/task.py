@@ -1,5 +1,5 @@
-"""The task: image classification. The loss and validation metrics of a batch of logits, and
-the throughput line of the run summary."""
+"""The task: image classification. The loss and validation metrics of a batch of logits, the
+weights of an optimizer step's micro-batches, and the throughput line of the run summary."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .data import NUM_CLASSES
+from .runtime import Runtime
 
 EXPECTED_INITIAL_LOSS = math.log(NUM_CLASSES)  # a uniform prediction's cross-entropy
 
@@ -19,6 +20,13 @@ def loss_fn(logits: Tensor, targets: Tensor) -> Tensor:
     """Mean cross-entropy of raw logits `[B, C]` against int64 class ids `[B]` (a 0-dim tensor,
     computed in fp32 whatever the logits' dtype)."""
     return F.cross_entropy(logits.float(), targets)
+
+
+def micro_batch_weights(targets: list[Tensor], runtime: Runtime) -> list[float]:
+    """The factor of each micro-batch's mean loss in one optimizer step: 1.0 each. Every
+    micro-batch holds `micro_batch_size` samples, each counted (the loader drops a last
+    partial batch), so the mean of their means is the step's mean over samples."""
+    return [1.0] * len(targets)
 
 
 def eval_sums(logits: Tensor, targets: Tensor) -> Tensor:

@@ -1,7 +1,7 @@
 """Train: `python -m fabric_lm_fsdp2_fp32.train [--resume] [--config PATH] [key=value ...]`.
 
 One optimizer step, in the order of PyTorch's AMP recipe: zero_grad -> per micro-batch:
-autocast(forward + loss), backward(loss / micro-batches) -> unscale -> clip -> step ->
+autocast(forward + loss), backward(loss * weight / micro-batches) -> unscale -> clip -> step ->
 scheduler.step(). Validation every epoch, its metrics summed over every rank's samples. A
 stop signal ends a run at a step with a checkpoint; inf/NaN steps are never saved.
 """
@@ -29,24 +29,26 @@ from .report import RunLog
 from .resume import DataPosition, seed_everything, start_or_resume
 from .runtime import Runtime, all_reduce_sum, init_runtime, shutdown_runtime
 from .safeguards import Safeguards
-from .task import eval_sums, loss_fn
+from .task import eval_sums, loss_fn, micro_batch_weights
 
 
 def train_step(
     engine: Engine, scheduler: LRScheduler, micro_batches: Iterable, count: int, max_norm: float
 ) -> tuple[Tensor, Tensor, bool]:
-    """One optimizer step over the next `count` micro-batches, each loss divided by `count`
-    (gradient accumulation: one batch of all their samples). Returns (mean loss, pre-clip
-    gradient norm, whether the engine skipped the update); the tensors stay on the device."""
+    """One optimizer step over the next `count` micro-batches (gradient accumulation), each
+    mean loss weighted by `micro_batch_weights` and divided by `count`. Returns (mean loss,
+    pre-clip gradient norm, whether the engine skipped the update), left on the device."""
     device = engine.runtime.device
     engine.zero_grad()
     total_loss = torch.zeros((), device=device)
-    for index, (inputs, targets) in enumerate(itertools.islice(micro_batches, count)):
-        inputs = inputs.to(device, non_blocking=True)
-        targets = targets.to(device, non_blocking=True)
+    batches = list(itertools.islice(micro_batches, count))
+    targets = [batch[1].to(device, non_blocking=True) for batch in batches]
+    weights = micro_batch_weights(targets, engine.runtime)  # of the step's counted targets
+    for index, (inputs, _) in enumerate(batches):
         with engine.micro_step(last=index == count - 1):
             with engine.autocast():
-                loss = loss_fn(engine.module(inputs), targets)
+                logits = engine.module(inputs.to(device, non_blocking=True))
+                loss = loss_fn(logits, targets[index]) * weights[index]
             engine.backward(loss / count)
         total_loss += loss.detach()
     grad_norm = engine.clip_and_step(max_norm)
@@ -58,16 +60,15 @@ def train_step(
 def evaluate(engine: Engine, loader: Iterable, between_batches: Callable[[], None]) -> dict:
     """Validation loss and accuracy over every sample of every rank, weighted by sample count,
     in as many passes on every rank (`padded_batches`); `between_batches()` precedes each."""
-    device = engine.runtime.device
-    sums = torch.zeros(3, dtype=torch.float64, device=device)
+    sums = torch.zeros(3, dtype=torch.float64, device=engine.runtime.device)
     engine.module.eval()  # dropout off
     with engine.inference():
         for inputs, targets, counted in padded_batches(loader, engine.runtime):
             between_batches()
             with engine.autocast():
-                logits = engine.module(inputs.to(device))
+                logits = engine.module(inputs.to(sums.device))
             if counted:
-                sums += eval_sums(logits, targets.to(device))
+                sums += eval_sums(logits, targets.to(sums.device))
     engine.module.train()
     loss_sum, correct, count = all_reduce_sum(sums, engine.runtime).tolist()
     return {"val_loss": loss_sum / count, "val_accuracy": correct / count}

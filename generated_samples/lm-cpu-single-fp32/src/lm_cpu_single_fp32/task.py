@@ -1,5 +1,9 @@
-"""The task: next-token prediction. The loss and validation metrics of a batch of logits, and
-the throughput line of the run summary (tokens/s and model FLOPs utilisation)."""
+"""The task: next-token prediction. The loss and validation metrics of a batch of logits, the
+weights of an optimizer step's micro-batches, and the throughput line of the run summary
+(tokens/s and model FLOPs utilisation).
+
+A target equal to `IGNORE_INDEX` (padding of variable-length data) counts for nothing: not in
+the loss, its gradient, nor the metrics. The bundled corpus has none."""
 
 from __future__ import annotations
 
@@ -11,7 +15,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .data import NUM_CLASSES
+from .runtime import Runtime, all_reduce_sum
 
+IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index
 EXPECTED_INITIAL_LOSS = math.log(NUM_CLASSES)  # a uniform prediction's cross-entropy
 
 # Dense 16-bit tensor-core peaks (FLOP/s) from NVIDIA's data sheets (half their with-sparsity
@@ -22,21 +28,47 @@ PEAK_FLOPS |= {"A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10G": 70e12, "A10
 PEAK_FLOPS |= {"V100": 125e12, "T4": 65e12, "RTX 4090": 165e12}
 
 
+def counted_targets(targets: Tensor) -> Tensor:
+    """How many of int64 `targets` (any shape) are not `IGNORE_INDEX`: an int64 0-dim tensor
+    on their device."""
+    return (targets != IGNORE_INDEX).sum()
+
+
 def loss_fn(logits: Tensor, targets: Tensor) -> Tensor:
-    """Mean cross-entropy over every position: logits `[B, T, V]`, int64 targets `[B, T]`
-    (a 0-dim tensor, computed in fp32 whatever the logits' dtype)."""
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    """Mean cross-entropy over the counted positions: logits `[B, T, V]`, int64 targets `[B, T]`
+    (a 0-dim tensor, computed in fp32 whatever the logits' dtype); 0 where none counts, instead
+    of the 0/0 NaN (its gradient is 0 either way)."""
+    flat_logits, flat_targets = logits.float().flatten(0, 1), targets.flatten()
+    loss = F.cross_entropy(flat_logits, flat_targets, ignore_index=IGNORE_INDEX)
+    return torch.where(counted_targets(targets) > 0, loss, 0.0)
+
+
+def micro_batch_weights(targets: list[Tensor], runtime: Runtime) -> list[Tensor]:
+    """The factor of each micro-batch's mean loss in one optimizer step, given the step's
+    targets on this rank (one int64 tensor per micro-batch, on the device): `n_i * M * W / N`
+    for `n_i` counted targets of micro-batch i, M micro-batches, W processes and N counted
+    targets of the step on every process (a collective; no host sync). With the loop's `/ M`
+    and the gradient mean over processes, the step's gradient is that of the mean over all N
+    tokens, not the mean of per-micro-batch means, which weighs a nearly empty padded
+    micro-batch like a full one (huggingface/transformers#24725, fixed there in PR #34191).
+    Equal counts give weights of exactly 1.0: the same step, bitwise, as unweighted."""
+    counts = torch.stack([counted_targets(batch) for batch in targets])
+    total = all_reduce_sum(counts.sum(), runtime)
+    return list(counts * (len(targets) * runtime.world_size) / total)
 
 
 def eval_sums(logits: Tensor, targets: Tensor) -> Tensor:
-    """Per-batch sums `[loss_sum, correct, count]` over tokens (float64), to be summed over ranks.
+    """Per-batch sums `[loss_sum, correct, count]` over counted tokens (float64), to be summed
+    over ranks.
 
     Accuracy is next-token accuracy. Sums, not means, so batches of any size weigh by tokens.
     """
     flat_logits, flat_targets = logits.float().flatten(0, 1), targets.flatten()
-    loss_sum = F.cross_entropy(flat_logits, flat_targets, reduction="sum")
-    correct = (flat_logits.argmax(dim=-1) == flat_targets).sum()
-    count = torch.tensor(float(flat_targets.numel()), device=logits.device)
+    loss_sum = F.cross_entropy(
+        flat_logits, flat_targets, reduction="sum", ignore_index=IGNORE_INDEX
+    )
+    correct = (flat_logits.argmax(dim=-1) == flat_targets).sum()  # never IGNORE_INDEX
+    count = counted_targets(flat_targets)
     return torch.stack([loss_sum.double(), correct.double(), count.double()])
 
 
