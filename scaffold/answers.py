@@ -144,24 +144,7 @@ STDLIB_MODULES = frozenset(sys.stdlib_module_names) | {"test"}
 RESERVED_PACKAGE_NAMES = STDLIB_MODULES | PROJECT_IMPORTS | ENVIRONMENT_MODULES | PROJECT_FOLDERS
 # Distribution names (PEP 503 normalised) of the rendered project's requirements: a project of
 # the same name would require itself.
-PROJECT_DISTRIBUTIONS = frozenset(
-    {
-        "torch",
-        "numpy",
-        "scikit-learn",
-        "tqdm",
-        "safetensors",
-        "tensorboard",
-        "matplotlib",
-        "lightning",
-        "accelerate",
-        "deepspeed",
-        "wandb",
-        "pytest",
-        "ruff",
-        "hatchling",
-    }
-)
+PROJECT_DISTRIBUTIONS = (PROJECT_IMPORTS - {"sklearn", "conftest"}) | {"scikit-learn"}
 # File names Windows reserves in every folder (with any extension), case-insensitively.
 WINDOWS_DEVICE_NAMES = frozenset(
     {"con", "prn", "aux", "nul"} | {f"{port}{n}" for port in ("com", "lpt") for n in range(1, 10)}
