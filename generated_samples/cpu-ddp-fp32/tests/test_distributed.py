@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,7 +33,9 @@ from conftest import (
     assert_loss_curve_png,
     config_for_tests,
     exported_weights,
+    logged_records,
     tensorboard_scalars,
+    wait_for_train_step,
 )
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -87,11 +88,6 @@ def torchrun(
     return result
 
 
-def records(run_dir: Path, kind: str) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [record for record in map(json.loads, lines) if record["kind"] == kind]
-
-
 def latest_checkpoint(run_dir: Path) -> dict:
     """The `trainer.pt` state of the run's latest complete checkpoint."""
     saved = find_latest(run_dir / "checkpoints")
@@ -130,11 +126,11 @@ def test_two_processes_match_one_at_the_same_global_batch(tmp_path, two_process_
     settings = [*TEST_OVERRIDES, *COMPARABLE, "device=cpu", "micro_batch_size=64"]
     config = load_config(PROJECT_ROOT / "configs" / "train.toml", settings)
     Trainer(dataclasses.replace(config, run_dir=str(one)), init_runtime("cpu")).fit()
-    single, double = records(one, "train"), records(two, "train")
+    single, double = logged_records(one, "train"), logged_records(two, "train")
     assert [r["step"] for r in single] == [r["step"] for r in double]
     for a, b in zip(single, double, strict=True):
         assert b["loss"] == pytest.approx(a["loss"], **tolerance()), a["step"]
-    for a, b in zip(records(one, "val"), records(two, "val"), strict=True):
+    for a, b in zip(logged_records(one, "val"), logged_records(two, "val"), strict=True):
         assert b["val_loss"] == pytest.approx(a["val_loss"], **tolerance())
     summary = json.loads((two / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["global_batch_size"] == 128
@@ -163,12 +159,7 @@ def torchrun_until_signalled(scratch: Path, run_dir: Path, step: int, *args: str
     with subprocess.Popen(
         command, cwd=PROJECT_ROOT, env=launcher_env(scratch), stderr=subprocess.PIPE, text=True
     ) as launcher:
-        deadline = time.monotonic() + 300
-        while not (run_dir / "metrics.jsonl").is_file() or not any(
-            record["step"] >= step for record in records(run_dir, "train")
-        ):
-            assert launcher.poll() is None and time.monotonic() < deadline, "no step logged"
-            time.sleep(0.02)
+        wait_for_train_step(launcher, run_dir, step, seconds=300)
         os.kill(worker_pids(launcher)[1], signal.SIGUSR1)
         try:
             stderr = launcher.communicate(timeout=300)[1]
@@ -188,7 +179,7 @@ def test_a_signal_to_one_rank_stops_both_at_one_step_and_the_resume_is_bitwise(t
     assert "stopped by another process's stop signal" in stderr or "by SIGUSR1" in stderr, stderr
     stopped_at = latest_checkpoint(resumed)["components"]["progress"]["step"]
     assert 3 <= stopped_at < 16
-    assert max(record["step"] for record in records(resumed, "train")) == stopped_at
+    assert max(record["step"] for record in logged_records(resumed, "train")) == stopped_at
     torchrun(scratch, 2, *stopping, "--resume")
     expected, actual = exported_weights(straight), exported_weights(resumed)
     for key, tensor in expected.items():
@@ -197,7 +188,7 @@ def test_a_signal_to_one_rank_stops_both_at_one_step_and_the_resume_is_bitwise(t
     # Everything a step logs but its throughput, which depends on the machine's load.
     deterministic = ("step", "loss", "lr", "grad_norm")
     expected, actual = (
-        [[r[key] for key in deterministic] for r in records(run, "train")]
+        [[r[key] for key in deterministic] for r in logged_records(run, "train")]
         for run in (straight, resumed)
     )
     assert actual == expected
@@ -220,7 +211,7 @@ def test_unequal_validation_shards_finish_on_every_rank(tmp_path, scratch):
     run_dir = tmp_path / "run"
     settings = [*odd_validation_split(), "epochs=1", "checkpoint_every=0"]
     torchrun(scratch, 2, *settings, f"run_dir='{run_dir.as_posix()}'", timeout=240)
-    (validation,) = records(run_dir, "val")
+    (validation,) = logged_records(run_dir, "val")
     assert math.isfinite(validation["val_loss"])
 
 

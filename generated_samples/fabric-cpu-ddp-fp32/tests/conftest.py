@@ -8,6 +8,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 import zlib
 from pathlib import Path
 
@@ -66,6 +67,23 @@ def run_training(*args: str) -> subprocess.CompletedProcess:
     result = subprocess.run(command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
+
+
+def logged_records(run_dir: Path, kind: str | None = None) -> list[dict]:
+    """metrics.jsonl of `run_dir`, one dict per line in file order; only `kind`'s if given."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [record for record in map(json.loads, lines) if kind in (None, record["kind"])]
+
+
+def wait_for_train_step(process: subprocess.Popen, run_dir: Path, step: int, seconds: float):
+    """Return once the run `process` writes in `run_dir` has logged train step `step` or a later
+    one; fail if the process ends first or `seconds` pass."""
+    deadline = time.monotonic() + seconds
+    while not (run_dir / "metrics.jsonl").is_file() or not any(
+        record["step"] >= step for record in logged_records(run_dir, "train")
+    ):
+        assert process.poll() is None and time.monotonic() < deadline, f"step {step} not logged"
+        time.sleep(0.02)
 
 
 def exported_weights(run_dir: Path) -> dict[str, torch.Tensor]:

@@ -5,13 +5,11 @@ happened."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +23,14 @@ from lm_cpu_single_fp32.runtime import init_runtime
 from lm_cpu_single_fp32.state_io import atomic_save
 from lm_cpu_single_fp32.train import Trainer, evaluate, train_step
 
-from conftest import PROJECT_ROOT, config_for_tests, exported_weights, training_command
+from conftest import (
+    PROJECT_ROOT,
+    config_for_tests,
+    exported_weights,
+    logged_records,
+    training_command,
+    wait_for_train_step,
+)
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +63,7 @@ def send_stop_signal_once(sent: list[bool]) -> None:
 
 
 def train_steps_logged(run_dir: Path) -> list[int]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [record["step"] for record in map(json.loads, lines) if record["kind"] == "train"]
+    return [record["step"] for record in logged_records(run_dir, "train")]
 
 
 # Where the signal lands: the first micro-batch of step 3 (of 2), the first validation batch,
@@ -108,10 +112,7 @@ def test_a_stopped_run_with_loader_workers_exits(tmp_path):
     )
     options = {"cwd": PROJECT_ROOT, "env": env, "stderr": subprocess.PIPE, "text": True}
     with subprocess.Popen(command, start_new_session=True, **options) as run:
-        deadline = time.monotonic() + 120
-        while not (run_dir / "metrics.jsonl").is_file() or not train_steps_logged(run_dir):
-            assert run.poll() is None and time.monotonic() < deadline, "no step logged"
-            time.sleep(0.02)
+        wait_for_train_step(run, run_dir, 1, seconds=120)
         run.send_signal(signal.SIGTERM)
         try:
             stderr = run.communicate(timeout=60)[1]

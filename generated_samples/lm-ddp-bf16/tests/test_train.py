@@ -24,6 +24,7 @@ from conftest import (
     TEST_OVERRIDES,
     assert_loss_curve_png,
     exported_weights,
+    logged_records,
     run_training,
     tensorboard_scalars,
 )
@@ -74,7 +75,7 @@ def test_a_run_writes_its_weights_tensorboard_events_a_plot_and_a_trace(config):
         assert torch.equal(weights[key], tensor.cpu()), key
     with safe_open(run_dir / WEIGHTS_FILE, "pt") as file:
         assert json.loads(file.metadata()["config"]) == config.to_dict()
-    logged = [record for record in records(run_dir) if record["kind"] in ("train", "val")]
+    logged = [record for record in logged_records(run_dir) if record["kind"] in ("train", "val")]
     scalars = tensorboard_scalars(run_dir)
     assert [step for step, _ in scalars["train/loss"]] == [
         r["step"] for r in logged if r["kind"] == "train"
@@ -132,14 +133,9 @@ def train_here(*settings: str) -> None:
     Trainer(config, init_runtime("cpu")).fit()
 
 
-def records(run_dir: Path) -> list[dict]:
-    """metrics.jsonl of `run_dir`, one dict per line, in file order."""
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def train_losses(run_dir: Path) -> list[tuple[int, float]]:
     """(step, loss) of every train record, in file order: a step logged twice shows."""
-    return [(r["step"], r["loss"]) for r in records(run_dir) if r["kind"] == "train"]
+    return [(r["step"], r["loss"]) for r in logged_records(run_dir) if r["kind"] == "train"]
 
 
 # With DataLoader workers, the 2-process resume in test_distributed.py checks the same replay.
@@ -171,7 +167,7 @@ def test_resume_mid_epoch_reproduces_the_straight_run_bitwise(tmp_path, num_work
     assert expected["scheduler"] == actual["scheduler"]
     assert expected["progress"]["history"] == actual["progress"]["history"]
     assert train_losses(straight) == train_losses(resumed)
-    assert [r["step"] for r in records(resumed) if r["kind"] == "start"] == [0, kept]
+    assert [r["step"] for r in logged_records(resumed) if r["kind"] == "start"] == [0, kept]
     expected, actual = (tensorboard_scalars(run) for run in runs)
     assert actual["train/loss"] == expected["train/loss"]  # steps 11-15 once, after the purge
     assert_loss_curve_png(resumed / "loss_curve.png")
