@@ -1,9 +1,12 @@
 """Training recipes: the batch, peak learning rate, warmup and (for the language model) context
 a model of a given size trains with, and where each comes from. The planner fits the batch to
-memory with micro-batches and gradient accumulation."""
+memory with micro-batches and gradient accumulation; where a published recipe's batch makes no
+sense on the hardware (`for_hardware`, `within_accumulation`), the recipe it trains with says
+what was traded and why."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -12,7 +15,9 @@ from dataclasses import dataclass
 class Recipe:
     """How a model of some size is trained: the batch per optimizer step (`sequences` samples,
     per process or for the whole run), the peak learning rate and warmup, and for the language
-    model its context and corpus. `name` and `citation` say where the values come from."""
+    model its context and corpus. `name` and `citation` say where the values come from;
+    `warmup_tokens`, the warmup where the source gives it in tokens (kept when the batch
+    changes); `notes`, for a setting that departs from the source's value, why."""
 
     name: str
     citation: str
@@ -22,6 +27,12 @@ class Recipe:
     warmup_steps: int
     block_size: int = 0
     corpus_bytes: int = 0
+    warmup_tokens: int = 0
+    notes: tuple[tuple[str, str], ...] = ()
+
+    def note(self, key: str, default: str) -> str:
+        """Why setting `key` departs from the recipe's source, or `default` where it does not."""
+        return dict(self.notes).get(key, default)
 
     @property
     def batch(self) -> str:
@@ -58,7 +69,7 @@ GPT3_ROWS = (
 )
 GPT3_CITATION = "Brown et al. 2020, Table 2.1"
 GPT3_CONTEXT = 2048
-GPT3_WARMUP_TOKENS = 375e6  # linear warmup over the first 375M tokens (Appendix B)
+GPT3_WARMUP_TOKENS = 375_000_000  # linear warmup over the first 375M tokens (Appendix B)
 STDLIB_CORPUS_BYTES = 32_000_000  # all of the standard library's .py source (~31 MB)
 
 
@@ -83,7 +94,87 @@ def recipe_for(task: str, params: int) -> Recipe:
         math.ceil(GPT3_WARMUP_TOKENS / (sequences * GPT3_CONTEXT)),
         block_size=GPT3_CONTEXT,
         corpus_bytes=STDLIB_CORPUS_BYTES,
+        warmup_tokens=GPT3_WARMUP_TOKENS,
     )
+
+
+HOST_WORDS = {"cpu": "a CPU", "mps": "an Apple GPU (MPS)"}
+
+
+def for_hardware(recipe: Recipe, hardware: str, params: int) -> Recipe:
+    """`recipe` as `hardware` ('cuda', 'cpu' or 'mps') can train a model of `params` with it.
+
+    GPT-3's context 2048 and 0.5M-3.2M-token batches (Table 2.1) are for GPU clusters: one
+    optimizer step of GPT-3 Small's batch costs 6 x parameters x tokens FLOPs (Kaplan et al.
+    2020, §2.1), 9e13 at 30M parameters, minutes on a CPU. On CPU and MPS the language model
+    keeps the example's own context, batch, warmup and corpus; the peak LR is the GPT-3 row's,
+    below the example's 2e-3 (tuned at 100K-1M parameters), since Table 2.1 lowers it as models
+    grow. Not scaled by the batch ratio: at another context the problem itself changes, which
+    no batch-scaling rule covers. Elsewhere `recipe` is returned as it is.
+    """
+    if hardware == "cuda" or recipe.per_process:
+        return recipe
+    example = SMALL_LM_RECIPE
+    tokens = recipe.sequences * recipe.block_size
+    flops = _number(6 * params * tokens)
+    trade = (
+        f"{recipe.name}'s recipe would be context {recipe.block_size} x {recipe.sequences} "
+        f"sequences ({tokens / 2**20:g}M tokens, ~{flops} FLOPs per optimizer step at 6 x "
+        f"parameters x tokens); on {HOST_WORDS[hardware]} kept the example's context "
+        f"{example.block_size} x {example.sequences} sequences, its warmup and corpus, because "
+        "steps that size are for GPU clusters"
+    )
+    lr = (
+        f"{recipe.name}'s peak learning rate ({recipe.citation}), not the example's "
+        f"{_number(example.lr)}, tuned at 100K-1M parameters"
+    )
+    return dataclasses.replace(example, lr=recipe.lr, notes=(("block_size", trade), ("lr", lr)))
+
+
+# At most this many micro-batches per optimizer step. More accumulation adds no throughput (the
+# device runs the same micro-batches either way), only batch; and below the critical batch size
+# a smaller batch reaches the same loss with no more tokens, only more optimizer steps
+# (McCandlish et al. 2018, "An Empirical Model of Large-Batch Training"). Much less would make
+# AdamW's own step count: it moves ~28 bytes per parameter (reads weight, gradient and two
+# moments, writes three), about a quarter of the time of a micro-batch of one 2048-token sequence
+# (6 x parameters x 2048 FLOPs) on an H100 (3.35 TB/s; ~400 TFLOP/s, 40% of its bf16 peak);
+# spread over 32 micro-batches, about 1%.
+MAX_ACCUMULATION = 32
+
+
+def within_accumulation(recipe: Recipe, micro_batch: int, world_size: int) -> Recipe:
+    """`recipe` at no more than MAX_ACCUMULATION micro-batches of `micro_batch` per process per
+    optimizer step: where its batch would need more, the largest batch within the cap
+    (`micro_batch` x MAX_ACCUMULATION x `world_size`), the peak LR scaled by the square root of
+    the batch ratio (the square-root scaling rule for Adam: Malladi et al. 2022, "On the SDEs
+    and Scaling Rules for Adaptive Gradient Algorithms"), rounded to two significant digits,
+    and the warmup kept in tokens. Otherwise `recipe` as it is."""
+    per_process = (
+        recipe.sequences if recipe.per_process else math.ceil(recipe.sequences / world_size)
+    )
+    accumulation = per_process // micro_batch
+    if accumulation <= MAX_ACCUMULATION:
+        return recipe
+    capped = micro_batch * MAX_ACCUMULATION
+    sequences = capped if recipe.per_process else capped * world_size
+    ratio = sequences / recipe.sequences
+    lr = float(f"{recipe.lr * math.sqrt(ratio):.1e}")
+    if recipe.warmup_tokens:
+        warmup = math.ceil(recipe.warmup_tokens / (sequences * recipe.block_size))
+    else:
+        warmup = math.ceil(recipe.warmup_steps / ratio)
+    batch = (
+        f"not {recipe.batch}, which would take {accumulation} micro-batches of {micro_batch} per "
+        f"process: accumulation is capped at {MAX_ACCUMULATION} (more adds no throughput, only "
+        "batch, and below the critical batch a smaller one needs no more tokens: McCandlish et "
+        "al. 2018)"
+    )
+    lr_note = (
+        f"{recipe.name}'s {_number(recipe.lr)} x sqrt({sequences}/{recipe.sequences}) for the "
+        "smaller batch: the square-root scaling rule for Adam (Malladi et al. 2022)"
+    )
+    notes = (*recipe.notes, ("grad_accum_steps", batch), ("lr", lr_note))
+    return dataclasses.replace(recipe, sequences=sequences, lr=lr, warmup_steps=warmup, notes=notes)
 
 
 # The language-model example's run (its config_fields.py): epochs over the corpus, and the share
@@ -97,3 +188,9 @@ def total_steps(recipe: Recipe, sequences_per_step: int) -> int:
     at `sequences_per_step` (an estimate: whole windows of the training share, per epoch)."""
     windows = (int(recipe.corpus_bytes * (1 - LM_VAL_FRACTION)) - 1) // recipe.block_size
     return LM_EPOCHS * max(1, math.ceil(windows / sequences_per_step))
+
+
+def _number(value: float) -> str:
+    """A rate or a count in two significant digits as configs/train.toml writes it: 2e-3, 9e13."""
+    mantissa, exponent = f"{value:.1e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"

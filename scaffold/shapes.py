@@ -2,19 +2,92 @@
 Python (scaffold does not need torch): the memory model counts these shapes' real parameters
 and activations.
 
-The rules are the rendered `model.py` files' own (`depth_for`, `width_for_param_count`);
+The rules are the rendered `model.py` files' own (`shape_for`, `width_for_param_count`);
 `tests/test_shapes.py` builds the rendered models on the meta device and checks every count
-here against them, and against the tensors autograd saves in a real forward pass.
+and head count here against them, and against the tensors autograd saves in a real forward pass.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 VOCAB = 256  # the byte-level decoder's vocabulary (data.py's NUM_CLASSES)
-HEAD_DIM = 32  # channels per attention head (model.py)
 IMAGE_PIXELS = 8 * 8  # the digits: one channel of 8x8 pixels (data.py's IMAGE_SHAPE)
 IMAGE_CLASSES = 10
+
+
+@dataclass(frozen=True)
+class PublishedDecoder:
+    """A published decoder's shape: `depth` blocks of `width` channels in `heads` heads, and the
+    nominal parameter count `size` it is known by; `counts` says what that count includes that
+    this byte-level example does not have."""
+
+    name: str
+    size: int
+    depth: int
+    width: int
+    heads: int
+    counts: str
+    source: str
+
+    @property
+    def head_dim(self) -> int:
+        """Channels per attention head."""
+        return self.width // self.heads
+
+    @property
+    def block_params(self) -> int:
+        """Parameters of its blocks as this example builds them (12w^2 + 13w each; see
+        `DecoderShape`): about Kaplan et al. 2020's non-embedding count N = 12 x depth x w^2."""
+        return self.depth * (12 * self.width**2 + 13 * self.width)
+
+
+_GPT = "a 50,257-token embedding"
+_PYTHIA = "50,304-token input and output embeddings"
+_LLAMA = "a 32,000-token embedding and a SwiGLU MLP"
+_LLAMA2 = "a 32,000-token embedding, a SwiGLU MLP and grouped-query attention"
+_GPT3_TABLE = "Brown et al. 2020, Table 2.1"
+_PYTHIA_TABLE = "Biderman et al. 2023, Table 1"
+_LLAMA_TABLE = "Touvron et al. 2023, Table 2"
+# GPT-3 XL: Table 2.1 gives 24 heads of 128, which cannot make width 2048; 16 heads of 128 here,
+# as Pythia-1.4B has at that width. GPT-3 13B: the table's width 5140 is 40 heads of 128, 5120;
+# LLaMA-13B has the same shape. GPT-2's Table 2 lists its smallest as 117M; 124M is its recount.
+# Llama 2's paper gives no widths: 70B's are its released configuration's. Left out: Pythia-1B
+# (8 heads of 256), Pythia-14M and -31M (not in its table).
+PUBLISHED_DECODERS = (
+    PublishedDecoder("Pythia-70M", 70_000_000, 6, 512, 8, _PYTHIA, _PYTHIA_TABLE),
+    PublishedDecoder("GPT-2", 124_000_000, 12, 768, 12, _GPT, "Radford et al. 2019, Table 2"),
+    PublishedDecoder("GPT-3 Small", 125_000_000, 12, 768, 12, _GPT, _GPT3_TABLE),
+    PublishedDecoder("Pythia-160M", 160_000_000, 12, 768, 12, _PYTHIA, _PYTHIA_TABLE),
+    PublishedDecoder("GPT-3 Medium", 350_000_000, 24, 1024, 16, _GPT, _GPT3_TABLE),
+    PublishedDecoder("Pythia-410M", 410_000_000, 24, 1024, 16, _PYTHIA, _PYTHIA_TABLE),
+    PublishedDecoder("GPT-3 Large", 760_000_000, 24, 1536, 16, _GPT, _GPT3_TABLE),
+    PublishedDecoder("GPT-3 XL", 1_300_000_000, 24, 2048, 16, _GPT, _GPT3_TABLE),
+    PublishedDecoder("Pythia-1.4B", 1_400_000_000, 24, 2048, 16, _PYTHIA, _PYTHIA_TABLE),
+    PublishedDecoder("GPT-3 2.7B", 2_700_000_000, 32, 2560, 32, _GPT, _GPT3_TABLE),
+    PublishedDecoder("Pythia-2.8B", 2_800_000_000, 32, 2560, 32, _PYTHIA, _PYTHIA_TABLE),
+    PublishedDecoder("GPT-3 6.7B", 6_700_000_000, 32, 4096, 32, _GPT, _GPT3_TABLE),
+    PublishedDecoder("Pythia-6.9B", 6_900_000_000, 32, 4096, 32, _PYTHIA, _PYTHIA_TABLE),
+    PublishedDecoder("LLaMA-7B", 7_000_000_000, 32, 4096, 32, _LLAMA, _LLAMA_TABLE),
+    PublishedDecoder("Pythia-12B", 12_000_000_000, 36, 5120, 40, _PYTHIA, _PYTHIA_TABLE),
+    PublishedDecoder("GPT-3 13B", 13_000_000_000, 40, 5120, 40, _GPT, _GPT3_TABLE),
+    PublishedDecoder("LLaMA-33B", 33_000_000_000, 60, 6656, 52, _LLAMA, _LLAMA_TABLE),
+    PublishedDecoder("LLaMA-65B", 65_000_000_000, 80, 8192, 64, _LLAMA, _LLAMA_TABLE),
+    PublishedDecoder("Llama 2 70B", 70_000_000_000, 80, 8192, 64, _LLAMA2, "Touvron et al. 2023b"),
+    PublishedDecoder("GPT-3 175B", 175_000_000_000, 96, 12288, 96, _GPT, _GPT3_TABLE),
+)
+SMALL_DECODER_PARAMS = 10**7  # up to here, the example's own small shapes
+SMALL_HEAD_DIM = 32  # channels per head of the small shapes
+DECODER_MAX_WIDTH = 32_768  # channels: 256 heads of 128, 512 of 64, 1024 of 32
+
+
+def size_label(count: int) -> str:
+    """A parameter count as it is written: 125_000_000 -> '125M', 1_300_000_000 -> '1.3B'."""
+    for suffix, unit in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if count >= unit:
+            return f"{count / unit:.4g}{suffix}"
+    return str(count)
 
 
 @dataclass(frozen=True)
@@ -40,17 +113,22 @@ class Activations:
 
 @dataclass(frozen=True)
 class DecoderShape:
-    """The byte-level GPT (`ByteGPT`): `depth` pre-norm blocks of `width` channels over
-    `block_size` tokens; the shard units are the blocks.
+    """The byte-level GPT (`ByteGPT`): `depth` pre-norm blocks of `width` channels in `heads`
+    attention heads over `block_size` tokens; the shard units are the blocks. `row`: the
+    published decoder whose shape it is (`exact`) or whose depth and head size it takes.
 
     Parameters per block: attention qkv 3w^2 + 3w and projection w^2 + w, MLP 4w^2 + 4w and
-    4w^2 + w, two LayerNorms 4w: 12w^2 + 13w. Outside: token and position embeddings
-    (256 + block_size) x w, the final LayerNorm 2w and the head 256 x w (no bias).
+    4w^2 + w, two LayerNorms 4w: 12w^2 + 13w (the head count splits the channels, it adds no
+    parameters). Outside: token and position embeddings (256 + block_size) x w, the final
+    LayerNorm 2w and the head 256 x w (no bias).
     """
 
     width: int
     depth: int
     block_size: int
+    heads: int
+    row: PublishedDecoder | None = None
+    exact: bool = False
 
     @property
     def unit_params(self) -> tuple[int, ...]:
@@ -75,8 +153,38 @@ class DecoderShape:
         return sum(self.unit_params) + self.root_params
 
     def describe(self) -> str:
-        """e.g. 'decoder of 32 blocks, width 4288, context 2048'."""
-        return f"decoder of {self.depth} blocks, width {self.width}, context {self.block_size}"
+        """e.g. 'decoder of 32 blocks, width 4096 (32 heads of 128), context 2048'."""
+        return (
+            f"decoder of {self.depth} blocks, width {self.width} ({self.head_words}), context "
+            f"{self.block_size}"
+        )
+
+    @property
+    def head_words(self) -> str:
+        """e.g. '32 heads of 128' (channels)."""
+        return f"{self.heads} head{'s' if self.heads > 1 else ''} of {self.width // self.heads}"
+
+    def provenance(self) -> str:
+        """Where the shape comes from, in one line of the plan: the published decoder it is,
+        or the one whose depth and head size it takes, or the example's small shapes."""
+        head = f"shape {self.depth} x {self.width}, {self.head_words}"
+        row = self.row
+        if row is None:
+            return (
+                f"{head}: the example's small decoder (2 blocks up to 1M parameters, 4 up to "
+                f"{size_label(SMALL_DECODER_PARAMS)}, heads of {SMALL_HEAD_DIM}; the smallest "
+                "width that reaches model_size)"
+            )
+        if self.exact:
+            return (
+                f"{head}: {row.name}'s ({row.source}); {self.params:,} parameters with {VOCAB} "
+                f"byte tokens and context {self.block_size} (the published "
+                f"{size_label(row.size)} counts {row.counts})"
+            )
+        return (
+            f"{head}: the depth and head size of {row.name} ({row.source}), the published "
+            "decoder nearest in size, and the smallest width that reaches model_size"
+        )
 
     def activations(
         self, micro_batch: int, residual_bytes: int, compute_bytes: int, dropout: float
@@ -98,7 +206,7 @@ class DecoderShape:
         embeddings and LayerNorms stay fp32); `compute_bytes` that of matmul inputs and outputs.
         """
         tokens = micro_batch * self.block_size
-        w, heads = self.width, self.width // HEAD_DIM
+        w, heads = self.width, self.heads
         per_token = (2 * residual_bytes + 14 * compute_bytes) * w + 4 * (4 + heads)
         per_token += w if dropout > 0 else 0
         per_unit = (tokens * per_token,) * self.depth
@@ -168,27 +276,47 @@ class CNNShape:
 ModelShape = DecoderShape | CNNShape
 
 
-DECODER_MAX_WIDTH_UNITS = 1024  # widths up to 1024 x HEAD_DIM = 32,768 channels
+def published_decoder(params: int) -> PublishedDecoder | None:
+    """The published decoder whose nominal size is `params` exactly ('125M', '1.3B', '7B'), if
+    any (the first listed where two share a size)."""
+    return next((row for row in PUBLISHED_DECODERS if row.size == params), None)
 
 
-def decoder_depth(params: int) -> int:
-    """Blocks for a parameter budget: 2 up to 1M, then twice as many for every tenfold (4 up to
-    20M, 8 up to 200M, 16 up to 2B, 32 up to 20B), 64 beyond."""
-    limits = (10**6, 2 * 10**7, 2 * 10**8, 2 * 10**9, 2 * 10**10)
-    return 2 ** (1 + sum(params > limit for limit in limits))
+def nearest_published(params: int) -> PublishedDecoder:
+    """The published decoder whose blocks' parameters (`block_params`, as this example builds
+    them) are nearest `params` in log scale, the first listed on a tie. Not its nominal size:
+    that counts a 32K-50K-token embedding, most of a small model's (Pythia-70M's blocks are
+    19M), which a byte-level model does not have."""
+    return min(PUBLISHED_DECODERS, key=lambda row: abs(math.log(params / row.block_params)))
+
+
+def decoder_layout(params: int) -> tuple[int, int, PublishedDecoder | None]:
+    """Blocks and channels per head for a parameter budget, and the published decoder they are
+    taken from. Up to 10M parameters the example's own small shapes (2 blocks up to 1M, else 4;
+    heads of 32), which the rendered tests train and time; beyond, the depth and head size of
+    the nearest published decoder (`nearest_published`), so a size between published ones has
+    the depth and heads of 64-128 channels that decoders of its size were trained with."""
+    if params <= SMALL_DECODER_PARAMS:
+        return (2 if params <= 10**6 else 4), SMALL_HEAD_DIM, None
+    row = nearest_published(params)
+    return row.depth, row.head_dim, row
 
 
 def decoder_for(params: int, block_size: int) -> DecoderShape:
-    """The decoder `build_model` renders for `params`: at `decoder_depth` blocks, the smallest
-    width (a multiple of HEAD_DIM, at most DECODER_MAX_WIDTH_UNITS of them) that reaches
-    `params`; the widest one when none does (see `largest_decoder`)."""
-    depth = decoder_depth(params)
-    low, high = 1, DECODER_MAX_WIDTH_UNITS
+    """The decoder `build_model` renders for `params`: a published decoder's own shape when
+    `params` is its nominal size (`published_decoder`); else, at `decoder_layout`'s depth and
+    head size, the smallest width (a multiple of the head size, at most DECODER_MAX_WIDTH) that
+    reaches `params`; the widest one when none does (see `largest_decoder`)."""
+    row = published_decoder(params)
+    if row is not None:
+        return DecoderShape(row.width, row.depth, block_size, row.heads, row, exact=True)
+    depth, head_dim, row = decoder_layout(params)
+    low, high = 1, DECODER_MAX_WIDTH // head_dim  # in heads
     while low < high:
         middle = (low + high) // 2
-        reached = DecoderShape(HEAD_DIM * middle, depth, block_size).params >= params
+        reached = DecoderShape(head_dim * middle, depth, block_size, middle).params >= params
         low, high = (low, middle) if reached else (middle + 1, high)
-    return DecoderShape(HEAD_DIM * low, depth, block_size)
+    return DecoderShape(head_dim * low, depth, block_size, low, row)
 
 
 def cnn_for(params: int) -> CNNShape:
@@ -202,5 +330,8 @@ def cnn_for(params: int) -> CNNShape:
 
 
 def largest_decoder(block_size: int) -> DecoderShape:
-    """The largest decoder the rendered `model.py` builds: 64 blocks of the widest width."""
-    return DecoderShape(HEAD_DIM * DECODER_MAX_WIDTH_UNITS, decoder_depth(10**12), block_size)
+    """The largest decoder the rendered `model.py` builds: the depth and head size of the
+    largest published decoder at the widest width."""
+    row = max(PUBLISHED_DECODERS, key=lambda row: row.block_params)  # nearest beyond it
+    heads = DECODER_MAX_WIDTH // row.head_dim
+    return DecoderShape(DECODER_MAX_WIDTH, row.depth, block_size, heads, row)

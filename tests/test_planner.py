@@ -12,8 +12,8 @@ from scaffold.answers import build_answers, merge_sources
 from scaffold.errors import AnswerError, NotAvailableYet
 from scaffold.memory import GIB, LAYOUTS, estimate
 from scaffold.planner import Setting, check, fit, plan, usable_bytes
-from scaffold.recipes import recipe_for
-from scaffold.shapes import decoder_for
+from scaffold.recipes import MAX_ACCUMULATION, recipe_for
+from scaffold.shapes import decoder_for, largest_decoder
 
 H100S = {"hardware": "cuda", "gpu_arch": "hopper", "gpus_per_node": 8, "gpu_memory_gb": 80}
 H100S |= {"host_memory_gb": 1024, "task": "language-model"}
@@ -28,26 +28,31 @@ def model_state(result) -> int:
 
 
 def test_7b_bf16_adamw_on_8_x_80_gb_does_not_fit_ddp_and_fits_fsdp2():
-    """By hand: the rendered 7B decoder (32 blocks of width 4288, context 2048) has
-    32 x (12 x 4288^2 + 13 x 4288) + (2 x 256 + 2048 + 2) x 4288 = 7,073,356,160 parameters;
-    with AdamW each keeps 4 + 4 + 8 = 16 bytes: 105.4 GiB per GPU under DDP, more than the 68
-    GiB usable of an 80 GB GPU (85%); FSDP2 divides it by 8 (13.2 GiB)."""
+    """By hand: 7B renders LLaMA-7B's shape (Touvron et al. 2023, Table 2: 32 blocks of width
+    4096, 32 heads of 128), GPT-3 6.7B's too; at context 2048 it has
+    32 x (12 x 4096^2 + 13 x 4096) + (2 x 256 + 2048 + 2) x 4096 = 6,454,648,832 parameters
+    (the published 6.7B counts a 32,000-token embedding and a SwiGLU MLP); with AdamW each
+    keeps 4 + 4 + 8 = 16 bytes: 96.2 GiB per GPU under DDP, more than the 68 GiB usable of an
+    80 GB GPU (85%); FSDP2 divides it by 8 (12.0 GiB)."""
     shape = decoder_for(7 * 10**9, 2048)
-    assert (shape.width, shape.depth) == (4288, 32)
-    assert shape.params == 32 * (12 * 4288**2 + 13 * 4288) + (2 * 256 + 2048 + 2) * 4288
+    assert (shape.depth, shape.width, shape.heads) == (32, 4096, 32)
+    assert shape.params == 32 * (12 * 4096**2 + 13 * 4096) + (2 * 256 + 2048 + 2) * 4096
     run = {"precision": "bf16", "world_size": 8, "micro_batch": 1, "checkpointing": True}
     ddp = estimate(shape, strategy="ddp", **run)
     fsdp2 = estimate(shape, strategy="fsdp2", **run)
-    assert model_state(ddp) == 16 * 7_073_356_160
-    assert model_state(ddp) / GIB == pytest.approx(105.4, abs=0.05)
-    assert model_state(fsdp2) == 16 * math.ceil(7_073_356_160 / 8)
+    assert model_state(ddp) == 16 * 6_454_648_832
+    assert model_state(ddp) / GIB == pytest.approx(96.2, abs=0.05)
+    assert model_state(fsdp2) == 16 * math.ceil(6_454_648_832 / 8)
     usable = 0.85 * 80 * GIB
     assert ddp.peak > usable > fsdp2.peak
     planned = plan(answers(**H100S, model_size="7B"))
     assert planned.answers.strategy == "fsdp2"
     assert planned.estimate.peak <= planned.usable == int(usable)
     reason = next(r for r in planned.reasons if r.startswith("strategy="))
-    assert "105.4 GiB" in reason and "68.0 GiB usable" in reason
+    assert "96.2 GiB" in reason and "68.0 GiB usable" in reason
+    assert any(
+        r.startswith("shape 32 x 4096, 32 heads of 128: LLaMA-7B's") for r in planned.reasons
+    )
 
 
 def test_125m_on_one_24_gb_gpu_trains_on_a_single_device_with_gpt3_smalls_recipe():
@@ -58,7 +63,14 @@ def test_125m_on_one_24_gb_gpu_trains_on_a_single_device_with_gpt3_smalls_recipe
     assert settings["block_size"] == 2048 and settings["lr"] == 6e-4
     # GPT-3 Small's 0.5M tokens per step: 256 sequences of 2048.
     assert settings["micro_batch_size"] * settings["grad_accum_steps"] == 256
+    assert settings["grad_accum_steps"] <= MAX_ACCUMULATION
     assert not settings["activation_checkpointing"]
+    # Its shape too: 12 blocks of 768 in 12 heads of 64, 12 x (12 x 768^2 + 13 x 768) +
+    # (2 x 256 + 2048 + 2) x 768 = 87,022,080 parameters with 256 byte tokens.
+    assert (planned.shape.depth, planned.shape.width, planned.shape.heads) == (12, 768, 12)
+    shape_line = next(r for r in planned.reasons if r.startswith("shape "))
+    assert "GPT-3 Small's (Brown et al. 2020, Table 2.1); 87,022,080 parameters" in shape_line
+    assert "the published 125M counts a 50,257-token embedding" in shape_line
 
 
 def test_the_micro_batch_is_the_largest_divisor_of_the_batch_that_fits():
@@ -73,18 +85,20 @@ def test_the_micro_batch_is_the_largest_divisor_of_the_batch_that_fits():
 
 
 def test_activation_checkpointing_only_when_nothing_fits_without_it():
-    """1.3B on one 24 GB GPU: micro-batch 1 does not fit without checkpointing, and does with
-    it; at 32 GB micro-batch 2 fits without it, so it stays off."""
+    """1.3B (GPT-3 XL's 24 x 2048) on one 22 GiB GPU: micro-batch 1 does not fit without
+    checkpointing, and does with it; at 24 GiB micro-batch 1 fits without it, so it stays off,
+    and at 32 GiB micro-batch 2 does."""
     one_gpu = {"task": "language-model", "model_size": "1.3B", "hardware": "cuda"}
     one_gpu |= {"gpu_arch": "ampere", "host_memory_gb": 512}
-    tight = plan(answers(**one_gpu, gpu_memory_gb=24))
+    tight = plan(answers(**one_gpu, gpu_memory_gb=22))
     run = {"strategy": "single", "precision": "bf16", "world_size": 1, "micro_batch": 1}
     assert estimate(tight.shape, checkpointing=False, **run).peak > tight.usable
     assert estimate(tight.shape, checkpointing=True, **run).peak <= tight.usable
     assert tight.settings["activation_checkpointing"].value is True
-    roomy = plan(answers(**one_gpu, gpu_memory_gb=32))
-    assert roomy.settings["activation_checkpointing"].value is False
-    assert roomy.settings["micro_batch_size"].value == 2
+    for memory, micro_batch in ((24, 1), (32, 2)):
+        roomy = plan(answers(**one_gpu, gpu_memory_gb=memory))
+        assert roomy.settings["activation_checkpointing"].value is False
+        assert roomy.settings["micro_batch_size"].value == micro_batch
 
 
 def test_checkpointing_keeps_fewer_activations_and_a_lower_peak():
@@ -114,6 +128,54 @@ def test_each_strategy_divides_the_model_state_as_the_zero_paper_says(
     assert result.gradients == pytest.approx(gradients * params, rel=1e-6)
     assert result.optimizer == pytest.approx(optimizer * params, rel=1e-6)
     assert result.host == (16 * math.ceil(params / 4) * 4 if LAYOUTS[strategy].offload else 0)
+
+
+def test_a_1b_model_on_one_24_gb_gpu_accumulates_at_most_the_cap_and_scales_the_lr():
+    """1B: GPT-3 XL's recipe (the nearest row: 512 sequences of 2048, peak LR 2e-4); one 24 GiB
+    GPU fits micro-batch 1 (1,067,201,280 parameters: 24 blocks of 1920, see test_shapes), so
+    the recipe would accumulate 512 micro-batches. Capped at 32: 1 x 32 x 1 = 32 sequences,
+    LR 2e-4 x sqrt(32 / 512) = 5e-5, and GPT-3's warmup still 375M tokens: 375e6 / (32 x 2048)
+    = 5722.05, 5723 steps (then a tenth of the planned run, which is shorter)."""
+    planned = plan(answers(task="language-model", model_size="1B", hardware="cuda",
+                           gpu_arch="ampere", gpu_memory_gb=24, host_memory_gb=64))  # fmt: skip
+    settings = {key: setting.value for key, setting in planned.settings.items()}
+    assert (settings["micro_batch_size"], settings["grad_accum_steps"]) == (1, MAX_ACCUMULATION)
+    assert settings["lr"] == pytest.approx(2e-4 * math.sqrt(32 / 512)) == 5e-5
+    accumulation = planned.settings["grad_accum_steps"].source
+    assert "not GPT-3 XL's 1M tokens" in accumulation and "512 micro-batches of 1" in accumulation
+    assert "sqrt(32/512)" in planned.settings["lr"].source
+    assert "Malladi et al. 2022" in planned.settings["lr"].source
+    windows = (int(32_000_000 * 0.9) - 1) // 2048
+    assert settings["warmup_steps"] == 4 * math.ceil(windows / 32) // 10
+    assert "would be 5723 steps" in planned.settings["warmup_steps"].source
+
+
+def test_a_capped_batch_over_several_gpus_keeps_micro_x_accumulation_x_processes():
+    """7B on 2 x 24 GB with offload: micro-batch 4 of GPT-3 6.7B's 1024 sequences would take
+    128 micro-batches per process; capped: 4 x 32 x 2 = 256 sequences, LR 1.2e-4 x sqrt(1/4)."""
+    planned = plan(answers(**{**H100S, "gpus_per_node": 2, "gpu_memory_gb": 24}, model_size="7B"))
+    settings = {key: setting.value for key, setting in planned.settings.items()}
+    assert (settings["micro_batch_size"], settings["grad_accum_steps"]) == (4, 32)
+    assert "4 x 32 x 2 process(es) = 256 sequences" in planned.settings["grad_accum_steps"].source
+    assert settings["lr"] == 6e-5
+
+
+@pytest.mark.parametrize("hardware", ["cpu", "mps"])
+def test_a_30m_model_off_gpus_keeps_the_examples_context_and_batch_and_says_why(hardware):
+    """GPT-3 Small's recipe (the nearest row to 30M) is context 2048 x 256 sequences, 9.4e13
+    FLOPs per step at 6 x 30M x 2^19 tokens: for GPU clusters. On a CPU or an Apple GPU the
+    plan keeps the example's 64 x 32 and takes GPT-3 Small's 6e-4 as peak LR."""
+    planned = plan(answers(task="language-model", model_size="30M", hardware=hardware,
+                           host_memory_gb=16))  # fmt: skip
+    settings = {key: setting.value for key, setting in planned.settings.items()}
+    assert settings["block_size"] == 64 != 2048
+    assert settings["micro_batch_size"] * settings["grad_accum_steps"] == 32
+    example = (settings["lr"], settings["warmup_steps"], settings["corpus_bytes"])
+    assert example == (6e-4, 50, 300_000)
+    trade = planned.settings["block_size"].source
+    assert trade.startswith("GPT-3 Small's recipe would be context 2048 x 256 sequences")
+    assert "~9.4e13 FLOPs" in trade and "kept the example's context 64 x 32 sequences" in trade
+    assert "not the example's 2e-3" in planned.settings["lr"].source
 
 
 def test_a_model_that_fits_no_gpu_even_sharded_keeps_its_state_in_host_memory():
@@ -250,10 +312,21 @@ def test_frameworks_are_not_rendered_for_mps(framework):
      ({"task": "image-classification", "model_size": "60M"}, "too large"),
      ({"framework": "accelerate", "strategy": "fsdp2"}, "not available yet"),
      ({"hardware": "cuda", "gpu_memory_gb": 0.0}, "answer gpu_memory_gb"),
-     ({"task": "language-model", "model_size": "1e12"}, "largest decoder the example renders")],
+     ({"task": "language-model", "model_size": "2e12"}, "largest decoder the example renders")],
 )  # fmt: skip
 def test_each_rule_checks_the_answers_it_needs_as_soon_as_they_are_given(values, message):
     for key in values:  # one answer alone is never refused by a rule about two
         check({key: values[key]})
     with pytest.raises(AnswerError, match=message):
         check(values)
+
+
+def test_the_largest_decoder_is_refused_just_above_it():
+    """96 blocks (GPT-3 175B's depth) of the widest width, 32,768 = 256 heads of 128:
+    96 x (12 x 32768^2 + 13 x 32768) + (2 x 256 + 2048 + 2) x 32768 parameters."""
+    largest = largest_decoder(2048)
+    assert (largest.depth, largest.width, largest.heads) == (96, 32768, 256)
+    assert largest.params == 96 * (12 * 32768**2 + 13 * 32768) + 2562 * 32768 == 1_237_075_427_328
+    check({"task": "language-model", "model_size": str(largest.params)})
+    with pytest.raises(AnswerError, match="96 blocks of width 32,768"):
+        check({"task": "language-model", "model_size": str(largest.params + 1)})

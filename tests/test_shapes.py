@@ -1,20 +1,25 @@
-"""scaffold.shapes against the rendered models: the same parameter counts at every size, and the
-activation bytes the memory model counts are the bytes autograd really keeps."""
+"""scaffold.shapes against the rendered models: the same shapes, head counts and parameter counts
+at every size, and the activation bytes the memory model counts are the bytes autograd really
+keeps."""
 
 from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
+import itertools
+import math
 import sys
 
 import pytest
 import torch
 from conftest import REPO_ROOT
 
-from scaffold.shapes import cnn_for, decoder_for
+from scaffold.shapes import PUBLISHED_DECODERS, DecoderShape, cnn_for, decoder_for
 from scaffold.variants import DEFAULT_VARIANT
 
 LM_SAMPLE = "lm-cpu-single-fp32"
+LM_MODEL = REPO_ROOT / "templates" / "_variants" / "task" / "language-model" / "model.py"
 
 
 @functools.cache
@@ -26,25 +31,87 @@ def rendered(variant: str, module: str):
     return importlib.import_module(f"{variant.replace('-', '_')}.{module}")
 
 
+@functools.cache
+def lm_model():
+    """The language model's model.py as the template renders it (included verbatim), imported
+    into the LM sample's package for its relative imports: the committed sample may lag the
+    template until the samples are regenerated."""
+    package = rendered(LM_SAMPLE, "config").__package__
+    spec = importlib.util.spec_from_file_location(f"{package}.template_model", LM_MODEL)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def parameter_count(model: torch.nn.Module) -> int:
     return sum(parameter.numel() for parameter in model.parameters())
 
 
-SIZES = [30_000, 10**5, 10**6, 5 * 10**6, 5 * 10**7, 3 * 10**8, 7 * 10**9]
+def geometric_mean(a: int, b: int) -> int:
+    return round(math.sqrt(a * b))
 
 
-@pytest.mark.parametrize("params", SIZES)
-@pytest.mark.parametrize("block_size", [32, 64, 2048])
+PUBLISHED = sorted({row.size for row in PUBLISHED_DECODERS})
+# Every published size, a size between each two (in log scale), the example's small sizes and
+# both sides of where its small shapes end (10M), past the largest published decoder, and past
+# the largest decoder the model builds (its widest width).
+SIZES = [30_000, 10**5, 10**6, 5 * 10**6, 10**7, 10**7 + 1, 3 * 10**7, 5 * 10**7, 10**12, 10**13]
+SIZES += PUBLISHED + [geometric_mean(a, b) for a, b in itertools.pairwise(PUBLISHED)]
+
+
+@pytest.mark.parametrize("params", sorted(SIZES))
+@pytest.mark.parametrize("block_size", [32, 2048])
 def test_the_decoder_shape_is_the_rendered_models(params, block_size):
-    model_py = rendered(LM_SAMPLE, "model")
+    model_py = lm_model()
     shape = decoder_for(params, block_size)
-    depth = model_py.depth_for(params)
-    width = model_py.width_for_param_count(params, depth, block_size)
-    assert (shape.width, shape.depth) == (width, depth)
+    assert model_py.shape_for(params, block_size) == (shape.depth, shape.width, shape.heads)
     with torch.device("meta"):
-        model = model_py.ByteGPT(width, depth, block_size)
+        model = model_py.ByteGPT(shape.width, shape.depth, shape.heads, block_size)
     assert shape.params == parameter_count(model)
     assert shape.unit_params[0] == parameter_count(model.shard_units()[0])
+    assert model.shard_units()[0].attn.heads == shape.heads
+
+
+def test_the_published_tables_are_the_same():
+    rows = [(r.name, r.size, r.depth, r.width, r.heads) for r in PUBLISHED_DECODERS]
+    assert rows == list(lm_model().PUBLISHED_SHAPES)
+
+
+@pytest.mark.parametrize("row", PUBLISHED_DECODERS, ids=lambda row: row.name)
+def test_a_published_size_renders_that_decoders_shape(row):
+    shape = decoder_for(row.size, 2048)
+    assert (shape.depth, shape.width, shape.heads) == (row.depth, row.width, row.heads)
+    assert shape.row == row and shape.exact
+    assert row.name in shape.provenance() and "counts" in shape.provenance()
+
+
+@pytest.mark.parametrize(
+    ("size", "depth", "width", "heads", "row"),
+    [(3 * 10**7, 6, 640, 10, "Pythia-70M"), (10**8, 12, 832, 13, "GPT-2"),
+     (10**9, 24, 1920, 15, "GPT-3 XL"), (4 * 10**9, 32, 3280, 41, "GPT-3 2.7B"),
+     (30 * 10**9, 60, 6528, 51, "LLaMA-33B")],
+)  # fmt: skip
+def test_a_size_between_published_ones_takes_the_nearest_ones_depth_and_head_size(
+    size, depth, width, heads, row
+):
+    """1B: the nearest published blocks are GPT-3 XL's 24 x 2048 (1.21B as built here, against
+    Large's 0.68B): 24 blocks of heads of 128, and 24 x (12 w^2 + 13 w) + (2 x 256 + 2048 + 2) w
+    first reaches 1B at w = 1920 = 15 x 128 (1,067,201,280; 14 x 128 = 1792 gives 929,994,240)."""
+    shape = decoder_for(size, 2048)
+    assert (shape.depth, shape.width, shape.heads, shape.row.name) == (depth, width, heads, row)
+    assert not shape.exact and shape.params >= size
+    assert DecoderShape(width - width // heads, depth, 2048, heads - 1).params < size
+
+
+def test_small_sizes_keep_the_examples_own_shapes():
+    """What the rendered tests and the default project train: 2 blocks up to 1M parameters, 4
+    up to 10M, heads of 32 (the test settings' 30K at context 32: 2 x 32; the default 100K)."""
+    shapes = [decoder_for(30_000, 32), decoder_for(10**5, 64), decoder_for(10**7, 64)]
+    assert [(s.depth, s.width, s.heads, s.row) for s in shapes] == [
+        (2, 32, 1, None), (2, 64, 2, None), (4, 480, 15, None)
+    ]  # fmt: skip
+    assert decoder_for(10**7 + 1, 64).row.name == "Pythia-70M"
 
 
 @pytest.mark.parametrize("params", [25_000, 10**5, 10**6, 5 * 10**7])
@@ -83,11 +150,12 @@ PRECISIONS = {"fp32": (4, 4, None), "bf16-params": (2, 2, None), "autocast": (4,
 
 @pytest.mark.parametrize("precision", list(PRECISIONS))
 @pytest.mark.parametrize("checkpointing", [False, True])
-def test_decoder_activations_are_what_autograd_saves(precision, checkpointing):
-    model_py, task = rendered(LM_SAMPLE, "model"), rendered(LM_SAMPLE, "task")
+@pytest.mark.parametrize("size", [10**6, 10**7 + 1])  # heads of 32; of 64 (6 x 384)
+def test_decoder_activations_are_what_autograd_saves(precision, checkpointing, size):
+    model_py, task = lm_model(), rendered(LM_SAMPLE, "task")
     residual, compute, autocast = PRECISIONS[precision]
-    shape, batch = decoder_for(10**6, 64), 8
-    model = model_py.ByteGPT(shape.width, shape.depth, shape.block_size)
+    shape, batch = decoder_for(size, 64), 8
+    model = model_py.ByteGPT(shape.width, shape.depth, shape.heads, shape.block_size)
     if precision == "bf16-params":
         model = model.to(torch.bfloat16)
     if checkpointing:
