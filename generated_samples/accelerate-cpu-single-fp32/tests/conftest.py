@@ -18,7 +18,7 @@ from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from accelerate_cpu_single_fp32.checkpoint import WEIGHTS_FILE
+from accelerate_cpu_single_fp32.checkpoint import LAST_WEIGHTS_FILE
 from accelerate_cpu_single_fp32.config import Config, load_config
 from accelerate_cpu_single_fp32.plot import DPI, FIGURE_INCHES
 from accelerate_cpu_single_fp32.runtime import Runtime, init_runtime
@@ -97,8 +97,8 @@ def wait_for_train_step(process: subprocess.Popen, run_dir: Path, step: int, sec
 
 
 def exported_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    """The run's final weights, as `model.safetensors` holds them."""
-    return load_file(run_dir / WEIGHTS_FILE)
+    """The run's final weights, as `model-last.safetensors` holds them."""
+    return load_file(run_dir / LAST_WEIGHTS_FILE)
 
 
 def tensorboard_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:

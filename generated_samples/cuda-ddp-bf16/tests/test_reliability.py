@@ -1,12 +1,13 @@
 """Runs that meet a stop signal, a non-finite step, unequal validation shards, a damaged or
-foreign checkpoint, a bad config or a busy run folder: each loses nothing and says what
-happened."""
+foreign checkpoint, a bad config, a busy run folder or a `--resume` of a folder where no run
+started: each loses nothing and says what happened."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -17,14 +18,16 @@ import torch
 
 from cuda_ddp_bf16 import loader
 from cuda_ddp_bf16.checkpoint import TRAINER_FILE, find_latest, step_folders
-from cuda_ddp_bf16.config import Config, load_config
+from cuda_ddp_bf16.config import Config, load_config, parse_command_line
 from cuda_ddp_bf16.preemption import PREEMPTED_EXIT_CODE, Preempted
+from cuda_ddp_bf16.run_folder import NotARunFolder, holds_a_run, mark_as_a_run
 from cuda_ddp_bf16.runtime import init_runtime
 from cuda_ddp_bf16.state_io import atomic_save
-from cuda_ddp_bf16.train import Trainer, evaluate, train_step
+from cuda_ddp_bf16.train import Trainer, evaluate, main, train_step
 
 from conftest import (
     PROJECT_ROOT,
+    TEST_OVERRIDES,
     config_for_tests,
     exported_weights,
     logged_records,
@@ -95,6 +98,24 @@ def test_a_stop_signal_checkpoints_and_the_resumed_run_ends_bitwise(straight, tm
     assert all(torch.equal(resumed[name], value) for name, value in expected.items())
     logged = train_steps_logged(tmp_path / "run")
     assert logged == list(range(1, trainer.steps_per_epoch + 1)), "each step logged once"
+
+
+def test_the_stop_notice_starts_a_line_of_its_own(config, capsys):
+    """The progress bar redraws its line in place without ending it: the notice printed after
+    it read as the bar's tail ("...lr=9.76e-05]stopped by SIGTERM at step 2..."). Cursor moves
+    (other bars of this test process) are left out."""
+    trainer, sent = Trainer(dataclasses.replace(config, log_every=1), init_runtime("cpu")), []
+
+    def act(calls, training, output):
+        if training and calls == 2:
+            send_stop_signal_once(sent)
+
+    on_forward(trainer, act)
+    with pytest.raises(Preempted):
+        trainer.fit()
+    stderr = capsys.readouterr().err
+    before = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", stderr[: stderr.index("stopped by SIGTERM")])
+    assert "%|" in before and before.endswith(("\r", "\n")), repr(stderr[-300:])
 
 
 def test_signals_between_runs_keep_their_previous_handlers(config):
@@ -238,6 +259,54 @@ def test_a_second_run_in_a_busy_folder_is_refused(config):
         Trainer(config, init_runtime("cpu"), resume=True)
     first.guards.run_folder.release()
     Trainer(config, init_runtime("cpu"), resume=True)
+
+
+CONFIG_FILE = ["--config", str(PROJECT_ROOT / "configs" / "train.toml")]
+
+
+@pytest.mark.parametrize("made", [False, True], ids=["missing", "empty"])
+def test_a_resume_where_no_run_started_is_refused_in_one_line(tmp_path, made):
+    """A mistyped run_dir under --resume trained a whole run from scratch: it is refused in one
+    line that names the folder and the way out, on the command line and through the API."""
+    run_dir = tmp_path / "runs" / "nonexistent3b"
+    if made:
+        run_dir.mkdir(parents=True)
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(SystemExit) as exited:
+        main([*CONFIG_FILE, *TEST_OVERRIDES, "device=cpu", "--resume", f"run_dir='{run_dir}'"])
+    message = str(exited.value.code)  # a set-up error's one line, exit status 1
+    assert message.startswith("error: --resume") and "\n" not in message, message
+    assert str(run_dir) in message and "drop --resume" in message, message
+    with pytest.raises(NotARunFolder, match="drop --resume"):
+        Trainer(config_for_tests(run_dir), init_runtime("cpu"), resume=True)
+    assert sorted(tmp_path.rglob("*")) == before, "nothing written"
+
+
+def test_a_resume_of_a_run_that_ended_in_its_set_up_starts_it(config, monkeypatch):
+    """A SLURM requeue passes --resume: after a first launch that ended before its first
+    checkpoint, even while its engine was built, the folder is a run's, and the run starts at
+    step 0."""
+
+    def preempted(*args):
+        raise OSError("preempted during set-up")
+
+    monkeypatch.setattr("cuda_ddp_bf16.train.Engine", preempted)
+    with pytest.raises(OSError, match="preempted"):
+        Trainer(config, init_runtime("cpu"))
+    monkeypatch.undo()
+    assert holds_a_run(config.run_dir)
+    _, resume = parse_command_line([*CONFIG_FILE, f"run_dir='{config.run_dir}'", "--resume"], "")
+    trainer = Trainer(config, init_runtime("cpu"), resume=resume)
+    assert resume and trainer.resumed_from is None and trainer.state.step == 0
+
+
+def test_flags_may_follow_the_overrides(tmp_path):
+    run_dir = tmp_path / "run"
+    mark_as_a_run(str(run_dir))  # --resume needs a folder where a run started
+    argv = [f"run_dir='{run_dir.as_posix()}'", "--resume", "stop_after_steps=80", *CONFIG_FILE]
+    config, resume = parse_command_line([*argv, "lr=1e-3"], "")
+    assert resume and (config.stop_after_steps, config.lr) == (80, 1e-3)
+    assert config.run_dir == run_dir.as_posix()
 
 
 def test_a_start_removes_what_killed_saves_left_behind(config):

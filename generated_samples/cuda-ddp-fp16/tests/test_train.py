@@ -11,8 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 
-from cuda_ddp_fp16.checkpoint import WEIGHTS_FILE, find_latest, step_folders
+from cuda_ddp_fp16.checkpoint import (
+    LAST_WEIGHTS_FILE,
+    WEIGHTS_FILE,
+    find_latest,
+    step_folders,
+)
 from cuda_ddp_fp16.config import load_config
 from cuda_ddp_fp16.model import build_model
 from cuda_ddp_fp16.runtime import init_runtime
@@ -98,14 +104,53 @@ def test_reports_switched_off_leave_no_file_behind(config):
     written = {path.name for path in Path(config.run_dir).iterdir()}
     basics = {"checkpoints", "config.json", "metrics.jsonl", "summary.json", "summary.md"}
     basics.add(".lock")  # run_folder.py: one run at a time in a folder
-    assert written == basics | {WEIGHTS_FILE}
+    assert written == basics | {LAST_WEIGHTS_FILE}  # no validation: no best weights
     assert summary["files"] == {
-        "weights": str(Path(config.run_dir) / WEIGHTS_FILE),
+        "best_weights": None,
+        "last_weights": str(Path(config.run_dir) / LAST_WEIGHTS_FILE),
         "profile_trace": None,
         "plot": None,
         "tensorboard": None,
         "wandb": None,
     }
+
+
+def test_model_safetensors_holds_the_best_validated_weights_and_model_last_the_last(
+    config, monkeypatch
+):
+    """Shipped weights are the best checkpoint's, not whatever the run ended on; the final
+    step's are beside them, and the summary names which is which. The validations are stand-ins
+    whose second result is worse, and a train split of a few steps keeps the run short."""
+    settings = {"epochs": 2, "val_fraction": 0.9, "early_stop_patience": 0, "monitor": "val_loss"}
+    config, validated = dataclasses.replace(config, **settings), []
+
+    def evaluate(engine, loader, between_batches):  # the first validation is the best
+        validated.append({key: value.clone() for key, value in engine.full_state_dict().items()})
+        return {"val_loss": float(len(validated)), "val_accuracy": 0.5}
+
+    monkeypatch.setattr("cuda_ddp_fp16.train.evaluate", evaluate)
+    summary = Trainer(config, init_runtime("cpu")).fit()
+    run_dir = Path(config.run_dir)
+    best, last = (load_file(run_dir / name) for name in (WEIGHTS_FILE, LAST_WEIGHTS_FILE))
+    assert best.keys() == last.keys() == validated[0].keys()
+    assert all(torch.equal(best[key], value) for key, value in validated[0].items())
+    assert all(torch.equal(last[key], value) for key, value in validated[1].items())
+    assert not all(torch.equal(best[key], last[key]) for key in best), "two different steps"
+    best_step = summary["best"]["step"]
+    assert 0 < best_step < summary["steps"]
+    with safe_open(run_dir / WEIGHTS_FILE, "pt") as file:
+        metadata = file.metadata()
+    assert metadata["weights"] == "best" and metadata["monitor"] == "val_loss"
+    assert (int(metadata["step"]), float(metadata["value"])) == (best_step, 1.0)
+    with safe_open(run_dir / LAST_WEIGHTS_FILE, "pt") as file:
+        assert file.metadata()["weights"] == "last"
+        assert int(file.metadata()["step"]) == summary["steps"]
+    files = summary["files"]
+    assert files["best_weights"] == str(run_dir / WEIGHTS_FILE)
+    assert files["last_weights"] == str(run_dir / LAST_WEIGHTS_FILE)
+    markdown = (run_dir / "summary.md").read_text()
+    assert f"best weights {run_dir / WEIGHTS_FILE} (step {best_step})" in markdown
+    assert f"last weights {run_dir / LAST_WEIGHTS_FILE} (step {summary['steps']})" in markdown
 
 
 def test_a_resume_with_nothing_left_keeps_the_runs_summary(config):

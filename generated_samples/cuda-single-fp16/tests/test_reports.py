@@ -7,12 +7,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 
 from cuda_single_fp16.config import load_config
 from cuda_single_fp16.plot import main as plot_main
+from cuda_single_fp16.plot import write_plot
 from cuda_single_fp16.report import keep_records_up_to
 from cuda_single_fp16.trackers import TensorBoardTracker, open_trackers
 from cuda_single_fp16.train import Trainer
@@ -103,6 +105,21 @@ def test_the_plot_overlays_runs_and_writes_one_run_into_its_folder(tmp_path):
     assert_loss_curve_png(second / "loss_curve.png")
     with pytest.raises(SystemExit, match="metrics.jsonl not found"):
         plot_main([str(tmp_path / "missing")])
+
+
+@pytest.mark.parametrize("resumed", [False, True])
+def test_a_run_stopped_before_its_first_validation_plots_without_a_warning(tmp_path, resumed):
+    """No validation yet: the metrics panel holds at most a resume's dotted line, which has no
+    label, and a legend there warned "No artists with labels found to put in legend"."""
+    records = [{"kind": "start", "step": 0, "resumed_from": None}]
+    records += [{"kind": "train", "step": step, "loss": 2.0 / step} for step in (1, 2)]
+    if resumed:
+        records += [{"kind": "start", "step": 2, "resumed_from": "step-00000002"}]
+        records += [{"kind": "train", "step": 3, "loss": 0.6}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the test
+        assert_loss_curve_png(write_plot([tmp_path], tmp_path / "loss_curve.png"))
 
 
 @pytest.mark.parametrize("bad", ["5:3", "0:2", "10", "a:b", "3:3"])

@@ -251,3 +251,30 @@ def test_two_nodes_of_one_process_each_on_this_machine(tmp_path, scratch):
         assert node.returncode == 0, stderr[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 2
+
+
+@pytest.mark.parametrize(("restarts", "resumes"), [(None, False), ("0", False), ("2", True)])
+def test_the_sbatch_script_resumes_a_requeued_job_only(tmp_path, restarts, resumes):
+    """A first launch starts its run (`--resume` refuses a folder where no run started); the
+    job SLURM requeues continues it. SLURM's commands and torchrun are stand-ins here that
+    record what the script launches."""
+    stubs, launched = tmp_path / "bin", tmp_path / "launched"
+    stubs.mkdir()
+    for name, body in {
+        "scontrol": "echo node0",  # `show hostnames`: the head node
+        "srun": 'exec "$@"',
+        "scancel": "true",
+        "torchrun": f'printf "%s\\n" "$@" > "{launched}"',
+    }.items():
+        (stubs / name).write_text(f"#!/usr/bin/env bash\n{body}\n")
+        (stubs / name).chmod(0o755)
+    env = {key: value for key, value in os.environ.items() if key != "SLURM_RESTART_COUNT"}
+    env |= {"PATH": f"{stubs}{os.pathsep}{env['PATH']}", "SLURM_JOB_NODELIST": "node0"}
+    env |= {"SLURM_NNODES": "1", "SLURM_JOB_ID": "7"}
+    if restarts is not None:
+        env["SLURM_RESTART_COUNT"] = restarts
+    script = ["bash", "launch/slurm.sbatch", "run_dir=runs/a", "lr=1e-3"]
+    subprocess.run(script, cwd=PROJECT_ROOT, env=env, check=True, timeout=60)
+    arguments = launched.read_text().splitlines()
+    assert arguments[-2:] == ["run_dir=runs/a", "lr=1e-3"], arguments
+    assert ("--resume" in arguments) == resumes, arguments

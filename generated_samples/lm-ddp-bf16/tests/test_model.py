@@ -1,5 +1,6 @@
 """Rungs 2 and 3 of the sanity ladder, through the model contract: the initial loss matches
-theory, and one batch can be memorised. Also the model-size rule of configs/train.toml."""
+theory, and one batch can be memorised; no position sees a later token. Also the model-size rule of
+configs/train.toml."""
 
 from __future__ import annotations
 
@@ -32,6 +33,30 @@ def test_initial_loss_is_ln_num_classes(config):
     with torch.no_grad():
         loss = loss_fn(model(inputs), targets).item()
     assert abs(loss - EXPECTED_INITIAL_LOSS) < 0.15, loss
+
+
+def test_no_position_sees_a_later_token(config):
+    """Causality, through `forward(tokens)` alone: the logits at position t depend on tokens
+    0..t only. A model that peeks at t + 1 learns to copy it, reaches a low loss and generates
+    nonsense, and no other rung notices. The tokens after t change; the logits up to t must not
+    (to a tolerance far below what one token moves, for models that mask with a large finite
+    number), and those after t must (else the check proved nothing)."""
+    seed_everything(config.seed)
+    model = build_model(config).eval()  # no dropout: two passes differ only by their tokens
+    tokens, _ = one_batch(config, 4)
+    length = tokens.shape[1]
+    with torch.no_grad():
+        before = model(tokens)
+        tolerance = 1e-5 * before.abs().max().item()  # fp32 noise at the logits' own scale
+        for t in (0, length // 2, length - 2):  # length - 2: only the last token changes
+            changed = tokens.clone()
+            shift = torch.randint_like(tokens[:, t + 1 :], 1, before.shape[-1])
+            changed[:, t + 1 :] = (tokens[:, t + 1 :] + shift) % before.shape[-1]
+            after = model(changed)
+            seen = (after[:, : t + 1] - before[:, : t + 1]).abs().max().item()
+            assert seen <= tolerance, f"positions <= {t} see a later token (moved {seen:.3g})"
+            moved = (after[:, t + 1 :] - before[:, t + 1 :]).abs().max().item()
+            assert moved > 100 * tolerance, f"tokens after {t} changed no logit ({moved:.3g})"
 
 
 def test_eval_sums_stay_on_the_logits_device(config):

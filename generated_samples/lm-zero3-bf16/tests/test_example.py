@@ -12,13 +12,7 @@ import torch
 from lm_zero3_bf16.config import parse_param_count
 from lm_zero3_bf16.data import NUM_CLASSES, build_datasets, stdlib_sources
 from lm_zero3_bf16.loader import make_train_loader
-from lm_zero3_bf16.model import (
-    HEAD_DIM,
-    ByteGPT,
-    build_model,
-    depth_for,
-    width_for_param_count,
-)
+from lm_zero3_bf16.model import ByteGPT, build_model, shape_for
 from lm_zero3_bf16.runtime import init_runtime
 from lm_zero3_bf16.task import model_flops_utilization
 
@@ -55,15 +49,28 @@ def parameter_count(model: torch.nn.Module) -> int:
 
 def test_model_is_the_smallest_width_that_reaches_model_size(config):
     target = parse_param_count(config.model_size)
-    depth = depth_for(target)
-    width = width_for_param_count(target, depth, config.block_size)
+    depth, width, heads = shape_for(target, config.block_size)
+    head_dim, block_size = width // heads, config.block_size
     with torch.device("meta"):
-        assert parameter_count(build_model(config)) == parameter_count(
-            ByteGPT(width, depth, config.block_size)
-        )
-        assert parameter_count(ByteGPT(width, depth, config.block_size)) >= target
-        smaller = ByteGPT(width - HEAD_DIM, depth, config.block_size) if width > HEAD_DIM else None
+        model = build_model(config)
+        assert parameter_count(model) == parameter_count(ByteGPT(width, depth, heads, block_size))
+        assert model.blocks[0].attn.heads == heads
+        assert parameter_count(model) >= target
+        smaller = ByteGPT(width - head_dim, depth, heads - 1, block_size) if heads > 1 else None
         assert smaller is None or parameter_count(smaller) < target
+
+
+@pytest.mark.parametrize(
+    ("size", "depth", "width", "heads"), [("125M", 12, 768, 12), ("7B", 32, 4096, 32)]
+)
+def test_a_published_size_builds_that_models_shape(config, size, depth, width, heads):
+    """125M is GPT-3 Small's 12 blocks of 768 channels in 12 heads (Brown et al. 2020, Table
+    2.1), 7B LLaMA-7B's 32 of 4096 in 32; not widths solved for the nominal counts, which
+    include a 32K-50K-token embedding this byte-level model does not have."""
+    with torch.device("meta"):
+        model = build_model(dataclasses.replace(config, model_size=size))
+    attention = model.blocks[0].attn
+    assert (len(model.blocks), attention.qkv.in_features, attention.heads) == (depth, width, heads)
 
 
 @pytest.mark.parametrize(

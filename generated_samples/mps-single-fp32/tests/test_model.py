@@ -1,5 +1,6 @@
 """Rungs 2 and 3 of the sanity ladder, through the model contract: the initial loss matches
-theory, and one batch can be memorised. Also the model-size rule of configs/train.toml."""
+theory, and one batch can be memorised. Also the model-size rule of
+configs/train.toml."""
 
 from __future__ import annotations
 

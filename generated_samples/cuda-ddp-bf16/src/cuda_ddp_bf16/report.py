@@ -142,11 +142,15 @@ class RunLog:
         self.stats["data_seconds"] += data_seconds
 
     def summary(
-        self, state: TrainState, checkpoint_dir: Path, resumed_from: str | None, weights: Path
+        self,
+        state: TrainState,
+        checkpoint_dir: Path,
+        resumed_from: str | None,
+        weights: dict[str, str | None],
     ) -> dict[str, Any]:
         """Close the profiler window and the trackers, draw the plot, build the run summary
-        (with the paths of `weights` and of what this run wrote); the main process prints it
-        and writes summary.json / .md.
+        (with the exported `weights`, `CheckpointManager.export_weights`'s entries, and the
+        paths of what this run wrote); the main process prints it and writes summary.json / .md.
 
         A resumed run with nothing left to train keeps the summary its last training wrote.
         """
@@ -156,7 +160,7 @@ class RunLog:
         if self.stats["samples"] == 0 and written.is_file():
             self.runtime.notice(f"nothing left to train at step {state.step}; see {written}")
             return json.loads(written.read_text(encoding="utf-8"))
-        files = {"weights": str(weights), "profile_trace": str(trace) if trace else None}
+        files = {**weights, "profile_trace": str(trace) if trace else None}
         files |= self._write_plot_and_name_files()
         summary = build_summary(
             config=self.config,
@@ -186,10 +190,13 @@ class RunLog:
         }
 
     def close(self) -> None:
-        """Flush and close the trackers (idempotent; also on a failed run's way out)."""
+        """Flush and close the trackers and the progress bar (idempotent; also on a stopped or
+        failed run's way out, which leaves the epoch's bar open)."""
         for tracker in self.trackers:
             tracker.close()
         self.trackers = []
+        if self.bar is not None:
+            self.bar.close()
 
     def __enter__(self) -> RunLog:
         return self
@@ -243,7 +250,8 @@ def build_summary(
 ) -> dict[str, Any]:
     """The run summary as plain values, for summary.json: run, global batch, LR schedule,
     steps and epochs, the initial-loss sanity check, results, throughput, and the `files` the
-    run wrote besides its checkpoints (weights, plot, TensorBoard folder...; None: off).
+    run wrote besides its checkpoints (the best checkpoint's and the last step's weights, plot,
+    TensorBoard folder...; None: off, or no best before the first validation).
 
     `stats` holds `samples` (all processes), `train_seconds` (training only, no validation) and
     `data_seconds` (waiting on the loader); rates are per second of training time.
@@ -303,20 +311,28 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{summary['data_time_share']:.1%} | peak memory "
         f"{summary['peak_memory_bytes'] / 2**20:,.0f} MiB | "
         f"train time {summary['train_seconds']:.1f} s",
-        _files(summary["files"]),
+        _files(summary),
     ]
     return "\n".join(lines) + "\n"
 
 
-def _files(files: dict[str, str | None]) -> str:
-    named = ", ".join(f"{kind.replace('_', ' ')} {path}" for kind, path in files.items() if path)
+def _files(summary: dict[str, Any]) -> str:
+    steps = {"best_weights": summary["best"]["step"], "last_weights": summary["steps"]}
+    named = ", ".join(
+        f"{kind.replace('_', ' ')} {path}" + (f" (step {steps[kind]})" if kind in steps else "")
+        for kind, path in summary["files"].items()
+        if path
+    )
     return f"**Files:** {named}"
 
 
 def _results(summary: dict[str, Any]) -> str:
     best, monitor = summary["best"], summary["config"]["monitor"]
     if best["step"] < 0:
-        return f"**Results:** no validation yet; checkpoint {summary['checkpoint']}"
+        return (
+            "**Results:** no validation yet, so no best weights (the last step's only); "
+            f"checkpoint {summary['checkpoint']}"
+        )
     return (
         f"**Results:** val accuracy {summary['val_accuracy']:.4f}, val loss "
         f"{summary['val_loss']:.4f}; best {monitor} {best['value']:.4f} at step "

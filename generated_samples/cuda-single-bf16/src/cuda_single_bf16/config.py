@@ -161,7 +161,8 @@ MONITOR_MODES = {"val_loss": "min", "val_accuracy": "max"}
 
 
 def parse_command_line(argv: list[str] | None, description: str) -> tuple[Config, bool]:
-    """`[--config PATH] [--resume] [key=value ...]` -> (the Config, whether to resume).
+    """`[key=value ...]` with `--config PATH` and `--resume` anywhere among them -> (the Config,
+    whether to resume). Exits with status 2, as argparse does, on an unknown flag.
 
     Raises:
         ValueError: see `load_config`.
@@ -170,7 +171,7 @@ def parse_command_line(argv: list[str] | None, description: str) -> tuple[Config
     parser.add_argument("--config", default="configs/train.toml", help="TOML file of settings")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. lr=1e-3 epochs=5")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # a flag after an override is still a flag
     return load_config(args.config, args.overrides), args.resume
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset, RandomSampler, Sampler, SequentialSampler
+from tqdm import tqdm
 
 # DataLoader workers start the platform's default way (a plain fork on Linux, the quickest):
 # without a process group there are no communication threads whose locks a fork could copy.
@@ -35,9 +36,10 @@ class Runtime:
         return self.rank == 0
 
     def notice(self, message: str) -> None:
-        """One line on stderr from the main process."""
+        """One line on stderr from the main process, on a line of its own: above the progress
+        bar, which redraws its line in place without ending it."""
         if self.is_main:
-            print(message, file=sys.stderr)
+            tqdm.write(message, file=sys.stderr)
 
 
 def resolve_device(name: str) -> torch.device:

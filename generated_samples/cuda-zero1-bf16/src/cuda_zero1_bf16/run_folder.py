@@ -7,10 +7,17 @@ with the first. Holding the lock also proves that no live process is writing in 
 the temporaries a killed save left there (`checkpoints/.step-<N>.partial/` folders and
 `.<name>.tmp<pid>` files) are removed when a run starts: at a large model's checkpoint size,
 a few preemptions would otherwise fill a disk.
+
+`--resume` needs a folder where a run has started (`holds_a_run`): a mistyped run_dir would
+otherwise train from scratch under the name of a run that does not exist. A launch marks its
+folder before its costly set-up (`mark_as_a_run`, from `resume.enter_run_folder`), so a job
+requeued with `--resume` after a first launch that ended early, even before its first
+checkpoint, still starts the run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -23,6 +30,34 @@ from .runtime import Runtime, any_process
 
 LOCK_FILE = ".lock"
 TEMPORARY = re.compile(r"\..+\.(partial|tmp\d+)")  # what checkpoint.py and state_io.py write
+# What a launch leaves in its run folder, in order: the lock file (before the engine is built),
+# then checkpoints/ and metrics.jsonl. Any one of them marks the folder as a run's.
+RUN_TRACES = (LOCK_FILE, "checkpoints", "metrics.jsonl")
+
+
+class NotARunFolder(ValueError):
+    """`--resume` named a folder where no run has started (`holds_a_run` is False)."""
+
+    def __init__(self, run_dir: str | Path):
+        super().__init__(
+            f"--resume: no run has started in {run_dir} (it holds no checkpoints/, "
+            "metrics.jsonl or .lock); check run_dir, or drop --resume to start a new run there"
+        )
+
+
+def holds_a_run(run_dir: str | Path) -> bool:
+    """True if a launch has started a run in `run_dir` (one of `RUN_TRACES` is there), also one
+    that ended before its first checkpoint."""
+    return any((Path(run_dir) / name).exists() for name in RUN_TRACES)
+
+
+def mark_as_a_run(run_dir: str) -> None:
+    """Create `<run_dir>/.lock`, unlocked (`RunFolderLock` locks it once the run is built), so
+    that `holds_a_run` is True before the costly part of a launch's set-up. A folder it cannot
+    write is left to `RunFolderLock` to report, in the words that name the fix."""
+    with contextlib.suppress(OSError):
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        (Path(run_dir) / LOCK_FILE).touch()
 
 
 class RunFolderLock:

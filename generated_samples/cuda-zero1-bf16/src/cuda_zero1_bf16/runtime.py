@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.utils.data import Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
+from tqdm import tqdm
 
 # DataLoader workers start from a clean forkserver process: a fork taken while one of the
 # group's gloo or NCCL threads holds a lock leaves the worker blocked for good (seen on CPU:
@@ -50,9 +51,10 @@ class Runtime:
         return self.rank == 0
 
     def notice(self, message: str) -> None:
-        """One line on stderr from the main process."""
+        """One line on stderr from the main process, on a line of its own: above the progress
+        bar, which redraws its line in place without ending it."""
         if self.is_main:
-            print(message, file=sys.stderr)
+            tqdm.write(message, file=sys.stderr)
 
 
 def resolve_device(name: str, local_rank: int) -> torch.device:

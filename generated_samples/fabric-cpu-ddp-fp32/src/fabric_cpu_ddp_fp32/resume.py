@@ -20,7 +20,8 @@ from torch.utils.data import DataLoader
 from .checkpoint import FORMAT_VERSION, Checkpoint, CheckpointManager
 from .config import Config
 from .loader import epoch_iterator
-from .runtime import Runtime
+from .run_folder import NotARunFolder, holds_a_run, mark_as_a_run
+from .runtime import Runtime, any_process
 
 # Settings a resume must share with the checkpoint: they fix the data order, the model's shape,
 # and the optimizer and LR schedule that the checkpoint restores (a changed lr or epochs would
@@ -122,6 +123,22 @@ def check_resumable(checkpoint: Checkpoint, config: Config, world_size: int) -> 
             f"cannot resume with changed {', '.join(changed)} (the checkpoint has {was}); "
             "use the checkpoint's values or pass run_dir=NEW"
         )
+
+
+def enter_run_folder(config: Config, runtime: Runtime, resume: bool) -> None:
+    """With `resume`, refuse a folder where no run has started (a mistyped run_dir would
+    otherwise train from scratch); then mark the folder as a run's (the main process), so that
+    a job requeued with `--resume` after a first launch that ended during set-up still starts
+    the run. A collective, called after the checks that refuse a config and before the costly
+    set-up (the engine).
+
+    Raises:
+        NotARunFolder: `resume`, and no run has started in `run_dir`; nothing is written.
+    """
+    if resume and any_process(runtime.is_main and not holds_a_run(config.run_dir), runtime):
+        raise NotARunFolder(config.run_dir)
+    if runtime.is_main:
+        mark_as_a_run(config.run_dir)
 
 
 def start_or_resume(

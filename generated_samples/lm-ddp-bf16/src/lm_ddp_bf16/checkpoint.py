@@ -23,12 +23,14 @@ import torch
 from safetensors.torch import save_file
 
 from .config import Config
+from .progress import TrainState
 from .runtime import Runtime, barrier, gather_objects
 from .state_io import atomic_save, atomic_write, atomic_write_text, fsync_dir, load_trusted
 
 FORMAT_VERSION = 1  # of trainer.pt's layout; a resume refuses another (resume.py)
 TRAINER_FILE = "trainer.pt"
-WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_FILE = "model.safetensors"  # the best checkpoint's weights: the ones to ship
+LAST_WEIGHTS_FILE = "model-last.safetensors"  # the final step's
 COMPLETE_MARKER = "COMPLETE"
 TRAINER_KEYS = ("components", "ranks", "config")
 
@@ -72,6 +74,11 @@ def standalone(tensor: torch.Tensor) -> torch.Tensor:
 def _save_readable(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
     save_file(tensors, path, metadata=metadata)
     path.chmod(0o644)  # safetensors creates the file owner-only, unlike every other file here
+
+
+def step_folder_name(step: int) -> str:
+    """The name of optimizer step `step`'s checkpoint folder: `step-00000042` for step 42."""
+    return f"step-{step:08d}"
 
 
 def step_folders(directory: Path) -> list[Path]:
@@ -145,7 +152,7 @@ class CheckpointManager:
 
     def save(self, step: int, is_best: bool) -> None:
         """Write checkpoint `step-<step>/`; `is_best` also points `best` at it."""
-        name = f"step-{step:08d}"
+        name = step_folder_name(step)
         partial = self.directory / f".{name}.partial"
         if self.runtime.is_main:
             shutil.rmtree(partial, ignore_errors=True)  # what a killed save left behind
@@ -194,18 +201,40 @@ class CheckpointManager:
         for key, component in self.rank_components.items():
             component.load_state_dict(mine[key])
 
-    def export_weights(self) -> Path:
-        """Write the engine's full model state dict to `<run_dir>/model.safetensors` (a
-        collective; the main process writes), with the resolved config as JSON in the file's
-        metadata (`"config"`). Keys carry no wrapper prefixes; `safetensors.torch.load_file`
-        gives a dict that loads into the bare model with `strict=True`. Returns the path."""
-        path = self.directory.parent / WEIGHTS_FILE
+    def export_weights(self, state: TrainState) -> dict[str, str | None]:
+        """Write the run's weights for use outside it (collectives; the main process writes):
+        `<run_dir>/model.safetensors` (WEIGHTS_FILE) holds the best checkpoint's by the
+        validation metric `monitor`, `<run_dir>/model-last.safetensors` (LAST_WEIGHTS_FILE)
+        the final step's. Each is the engine's full state dict of the bare model: keys carry no
+        wrapper prefixes, and `safetensors.torch.load_file` gives a dict that loads into the
+        model with `strict=True`. Its metadata holds `"weights"` (`best` or `last`), the
+        optimizer `"step"`, the resolved `"config"` as JSON and, for the best, `"monitor"` and
+        its `"value"`. Unless the best checkpoint is the final step's, it is loaded back into
+        the engine to be exported (the run is over). Before the first validation there is no
+        best: only the last weights are written.
+
+        Returns:
+            The run summary's entries: {"best_weights": path or None, "last_weights": path}.
+        """
+        last = self._export(LAST_WEIGHTS_FILE, {"weights": "last", "step": str(state.step)})
+        if state.best_step < 0:
+            return {"best_weights": None, "last_weights": last}
+        if state.best_step != state.step:
+            self.engine.load(self.directory / step_folder_name(state.best_step))
+        best = {"weights": "best", "step": str(state.best_step), "monitor": self.config.monitor}
+        best["value"] = repr(state.best_value)
+        return {"best_weights": self._export(WEIGHTS_FILE, best), "last_weights": last}
+
+    def _export(self, name: str, metadata: dict[str, str]) -> str:
+        """The engine's full model state dict into `<run_dir>/<name>` with `metadata` and the
+        config (a collective; the main process writes); returns the path."""
+        path = self.directory.parent / name
         state = self.engine.full_state_dict()
         if self.runtime.is_main:
             tensors = {key: standalone(tensor) for key, tensor in state.items()}
-            metadata = {"config": json.dumps(self.config.to_dict())}
+            metadata = {**metadata, "config": json.dumps(self.config.to_dict())}
             atomic_write(path, lambda tmp: _save_readable(tensors, tmp, metadata))
-        return path
+        return str(path)
 
     def _prune(self) -> None:
         keep = {_pointed(self.directory, "last"), _pointed(self.directory, "best")}

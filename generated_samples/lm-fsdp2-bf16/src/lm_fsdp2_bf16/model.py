@@ -1,4 +1,5 @@
-"""The example model: a GPT-style decoder over bytes, sized from a target parameter count.
+"""The example model: a GPT-style decoder over bytes, sized from a target parameter count in
+the shapes of published decoders (GPT-3, Pythia, LLaMA: `shape_for`).
 
 This file is yours: replace the model with your own; `scaffold update` leaves it alone. What the
 rest of the project needs from it (`train.py` imports nothing else from here):
@@ -22,6 +23,9 @@ rest of the project needs from it (`train.py` imports nothing else from here):
 
 from __future__ import annotations
 
+import math
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -29,23 +33,65 @@ from torch import Tensor, nn
 from .config import Config, parse_param_count
 from .data import NUM_CLASSES
 
-HEAD_DIM = 32  # channels per attention head; the width is a multiple of it
+# Published decoders' shapes: (name, nominal parameters, blocks, width, heads). A model_size equal
+# to a nominal size builds that shape, with fewer parameters here: the nominal counts include
+# each model's 32K-50K-token embeddings, and this model has 256 byte tokens (GPT-3 Small: 87M).
+# GPT-3: Brown et al. 2020, Table 2.1 (XL: 16 heads of 128, as the table's 24 cannot make 2048;
+# 13B: width 5120, 40 heads of 128, where the table prints 5140). GPT-2: Radford et al. 2019
+# (124M, listed there as 117M). Pythia: Biderman et al. 2023, Table 1. LLaMA: Touvron et al.
+# 2023, Table 2. Llama 2 70B: Touvron et al. 2023b, its released configuration.
+PUBLISHED_SHAPES = (
+    ("Pythia-70M", 70_000_000, 6, 512, 8),
+    ("GPT-2", 124_000_000, 12, 768, 12),
+    ("GPT-3 Small", 125_000_000, 12, 768, 12),
+    ("Pythia-160M", 160_000_000, 12, 768, 12),
+    ("GPT-3 Medium", 350_000_000, 24, 1024, 16),
+    ("Pythia-410M", 410_000_000, 24, 1024, 16),
+    ("GPT-3 Large", 760_000_000, 24, 1536, 16),
+    ("GPT-3 XL", 1_300_000_000, 24, 2048, 16),
+    ("Pythia-1.4B", 1_400_000_000, 24, 2048, 16),
+    ("GPT-3 2.7B", 2_700_000_000, 32, 2560, 32),
+    ("Pythia-2.8B", 2_800_000_000, 32, 2560, 32),
+    ("GPT-3 6.7B", 6_700_000_000, 32, 4096, 32),
+    ("Pythia-6.9B", 6_900_000_000, 32, 4096, 32),
+    ("LLaMA-7B", 7_000_000_000, 32, 4096, 32),
+    ("Pythia-12B", 12_000_000_000, 36, 5120, 40),
+    ("GPT-3 13B", 13_000_000_000, 40, 5120, 40),
+    ("LLaMA-33B", 33_000_000_000, 60, 6656, 52),
+    ("LLaMA-65B", 65_000_000_000, 80, 8192, 64),
+    ("Llama 2 70B", 70_000_000_000, 80, 8192, 64),
+    ("GPT-3 175B", 175_000_000_000, 96, 12288, 96),
+)
+SMALL_MODEL_PARAMS = 10**7  # up to here, this example's own small shapes (the tests train them)
+SMALL_HEAD_DIM = 32  # channels per head of the small shapes
+MAX_WIDTH = 32_768  # channels: bounds the width search; scaffold refuses sizes that need more
+
+
+class Shape(NamedTuple):
+    """Blocks, channels and attention heads of a `ByteGPT`."""
+
+    depth: int
+    width: int
+    heads: int
 
 
 class CausalSelfAttention(nn.Module):
     """Multi-head self-attention where position t sees positions <= t: `[B, T, C] -> [B, T, C]`."""
 
-    def __init__(self, width: int, dropout: float):
+    def __init__(self, width: int, heads: int, dropout: float):
         super().__init__()
-        self.heads = width // HEAD_DIM
+        if width % heads:
+            raise ValueError(f"width {width} does not split into {heads} heads")
+        self.heads = heads
         self.qkv = nn.Linear(width, 3 * width)
         self.proj = nn.Linear(width, width)
         self.dropout = dropout
 
     def forward(self, x: Tensor) -> Tensor:
         b, t, c = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.heads, HEAD_DIM).transpose(1, 3).unbind(dim=2)
-        # q, k, v: [B, heads, T, HEAD_DIM]; the fused kernel applies the causal mask itself.
+        qkv = self.qkv(x).view(b, t, 3, self.heads, c // self.heads)
+        q, k, v = qkv.transpose(1, 3).unbind(dim=2)
+        # q, k, v: [B, heads, T, C / heads]; the fused kernel applies the causal mask itself.
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
@@ -54,10 +100,10 @@ class CausalSelfAttention(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
-    def __init__(self, width: int, dropout: float):
+    def __init__(self, width: int, heads: int, dropout: float):
         super().__init__()
         self.ln_attn = nn.LayerNorm(width)
-        self.attn = CausalSelfAttention(width, dropout)
+        self.attn = CausalSelfAttention(width, heads, dropout)
         self.ln_mlp = nn.LayerNorm(width)
         self.mlp = nn.Sequential(
             nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width), nn.Dropout(dropout)
@@ -71,11 +117,11 @@ class Block(nn.Module):
 class ByteGPT(nn.Module):
     """Token ids `[B, T]` (int64, < 256) -> next-token logits `[B, T, 256]`."""
 
-    def __init__(self, width: int, depth: int, block_size: int, dropout: float = 0.0):
+    def __init__(self, width: int, depth: int, heads: int, block_size: int, dropout: float = 0.0):
         super().__init__()
         self.token_embedding = nn.Embedding(NUM_CLASSES, width)
         self.position_embedding = nn.Embedding(block_size, width)
-        self.blocks = nn.ModuleList(Block(width, dropout) for _ in range(depth))
+        self.blocks = nn.ModuleList(Block(width, heads, dropout) for _ in range(depth))
         self.ln_final = nn.LayerNorm(width)
         self.head = nn.Linear(width, NUM_CLASSES, bias=False)
         for name, parameter in self.named_parameters():  # nothing to fill on the meta device
@@ -113,30 +159,55 @@ def count_parameters(model: nn.Module) -> int:
     return sum(parameter.numel() for parameter in model.parameters())
 
 
-def depth_for(params: int) -> int:
-    """Blocks for a parameter budget: 2 up to 1M, then twice as many for every tenfold (4 up to
-    20M, 8 up to 200M, 16 up to 2B, 32 up to 20B), 64 beyond."""
-    limits = (10**6, 2 * 10**7, 2 * 10**8, 2 * 10**9, 2 * 10**10)
-    return 2 ** (1 + sum(params > limit for limit in limits))
+def shape_for(params: int, block_size: int) -> Shape:
+    """The shape `build_model` builds for a budget of `params` parameters: a published decoder's
+    own when `params` is its nominal size (PUBLISHED_SHAPES); else, at `layout_for`'s depth and
+    head size, the smallest width that reaches `params` (`width_for_param_count`)."""
+    for _, size, depth, width, heads in PUBLISHED_SHAPES:
+        if size == params:
+            return Shape(depth, width, heads)
+    depth, head_dim = layout_for(params)
+    width = width_for_param_count(params, depth, head_dim, block_size)
+    return Shape(depth, width, width // head_dim)
 
 
-def width_for_param_count(target: int, depth: int, block_size: int) -> int:
-    """Smallest width (a multiple of HEAD_DIM) whose model reaches `target` parameters.
+def layout_for(params: int) -> tuple[int, int]:
+    """Blocks and channels per head for a parameter budget. Up to SMALL_MODEL_PARAMS, 2 blocks
+    (4 above 1M) of heads of 32; beyond, the depth and head size of the published decoder whose
+    blocks, built as here, have the parameter count nearest `params` in log scale (not its
+    nominal size, mostly embeddings in a small model: Pythia-70M's blocks have 19M)."""
+    if params <= SMALL_MODEL_PARAMS:
+        return (2 if params <= 10**6 else 4), SMALL_HEAD_DIM
 
-    Built on the meta device, so sizing allocates no memory.
+    def distance(row: tuple[str, int, int, int, int]) -> float:
+        _, _, depth, width, heads = row
+        with torch.device("meta"):
+            blocks = depth * count_parameters(Block(width, heads, 0.0))
+        return abs(math.log(params / blocks))
+
+    _, _, depth, width, heads = min(PUBLISHED_SHAPES, key=distance)
+    return depth, width // heads
+
+
+def width_for_param_count(target: int, depth: int, head_dim: int, block_size: int) -> int:
+    """Smallest width (a multiple of `head_dim`, at most MAX_WIDTH) whose model reaches `target`
+    parameters; MAX_WIDTH when none does.
+
+    Counted on modules built on the meta device, so sizing allocates no memory: one block, and
+    the model without blocks (embeddings, final norm, head).
     """
-    low, high = 1, 1024  # in units of HEAD_DIM channels
+    low, high = 1, MAX_WIDTH // head_dim  # in heads
     while low < high:
         middle = (low + high) // 2
+        width = head_dim * middle
         with torch.device("meta"):
-            params = count_parameters(ByteGPT(HEAD_DIM * middle, depth, block_size))
+            params = depth * count_parameters(Block(width, middle, 0.0))
+            params += count_parameters(ByteGPT(width, 0, middle, block_size))
         low, high = (middle + 1, high) if params < target else (low, middle)
-    return HEAD_DIM * low
+    return head_dim * low
 
 
 def build_model(config: Config) -> ByteGPT:
-    """The decoder whose width best reaches `config.model_size` at `depth_for` blocks."""
-    target = parse_param_count(config.model_size)
-    depth = depth_for(target)
-    width = width_for_param_count(target, depth, config.block_size)
-    return ByteGPT(width, depth, config.block_size, config.dropout)
+    """The decoder `shape_for` sizes from `config.model_size`."""
+    depth, width, heads = shape_for(parse_param_count(config.model_size), config.block_size)
+    return ByteGPT(width, depth, heads, config.block_size, config.dropout)

@@ -87,7 +87,7 @@ def draw(run_dirs: list[Path]) -> bytes:
     others.set(xlabel="optimizer step", title="validation metrics")
     for axes in (losses, others):
         axes.grid(alpha=0.3)
-        if axes.has_data():
+        if axes.get_legend_handles_labels()[0]:  # the resume lines carry no label
             axes.legend(fontsize="small")
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")

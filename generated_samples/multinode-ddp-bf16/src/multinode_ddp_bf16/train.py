@@ -3,8 +3,7 @@
 One optimizer step, in the order of PyTorch's AMP recipe: zero_grad -> per micro-batch:
 autocast(forward + loss), backward(loss * weight / micro-batches) -> unscale -> clip -> step ->
 scheduler.step(). Validation every epoch, its metrics summed over every rank's samples. A
-stop signal ends a run at a step with a checkpoint; inf/NaN steps are never saved.
-"""
+stop signal ends a run at a step with a checkpoint; inf/NaN steps are never saved."""
 
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ from .loader import TimedIterator, make_eval_loader, make_train_loader, padded_b
 from .optim import build_optimizer, build_scheduler
 from .progress import TrainState
 from .report import RunLog
-from .resume import DataPosition, seed_everything, start_or_resume
+from .resume import DataPosition, enter_run_folder, seed_everything, start_or_resume
 from .runtime import Runtime, all_reduce_sum, init_runtime, shutdown_runtime
 from .safeguards import Safeguards
 from .task import eval_sums, loss_fn, micro_batch_weights
@@ -85,6 +84,7 @@ class Trainer:
         self.val_loader = make_eval_loader(val_set, config, runtime)
         model = build_on_meta(config)  # shapes only: the engine materialises the weights
         self.log = RunLog(config, runtime, sum(p.numel() for p in model.parameters()))
+        enter_run_folder(config, runtime, resume)  # after the refusals, before the engine
         seed_everything(config.seed + runtime.rank)  # from here on, per-rank dropout streams
         self.engine = Engine(model, lambda module: build_optimizer(module, config), runtime, config)
         self.steps_per_epoch = math.ceil(len(self.train_loader) / config.grad_accum_steps)
@@ -112,7 +112,7 @@ class Trainer:
                 state.end_epoch()
                 self.position.end_epoch()
                 self.guards.save(is_best=improved)
-            weights = self.checkpoints.export_weights()  # the final weights, one state dict
+            weights = self.checkpoints.export_weights(state)  # the best and the last weights
             return self.log.summary(state, self.checkpoints.directory, self.resumed_from, weights)
 
     def train_epoch(self) -> bool:
