@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import decimal
 import keyword
+import math
 import re
 import sys
 import unicodedata
@@ -32,14 +33,39 @@ class Question:
     choices: tuple[str, ...] = ()
     renderable: tuple[str, ...] = ()  # subset of choices the template renders now; () for all
     only_for_cuda: bool = False
+    maximum: float | None = None  # the largest number accepted
+    beyond: str = ""  # why a larger number cannot be right, for the refusal
+    example: str = ""  # a valid answer for hints, where the default is not one everywhere
+    takes: str = ""  # the values a text answer takes, in words
 
     def renders(self, value: Any) -> bool:
         """True if this template version renders `value` for this key."""
         return not self.renderable or value in self.renderable
 
+    def accepted(self) -> str:
+        """The values this key accepts, in words (for `--help` and refusals)."""
+        if self.choices:
+            return " | ".join(self.renderable or self.choices)
+        if self.kind is bool:
+            return "true | false"
+        if self.takes:
+            return self.takes
+        low = "1" if self.kind is int else "0"
+        return f"{low} to {self.maximum:,g}" if self.maximum else KIND_NAMES[self.kind]
+
+    def hint(self) -> str:
+        """A valid answer, as `--data KEY=VALUE` takes it."""
+        return f"{self.key}={self.example or str(self.default).lower()}"
+
 
 QUESTIONS: tuple[Question, ...] = (
-    Question("project_name", "Project name", str, None),
+    Question(
+        "project_name",
+        "Project name",
+        str,
+        None,
+        takes="letters, digits, '-', '_' and '.', from a letter to a letter or digit",
+    ),
     Question(
         "task",
         "Example task",
@@ -58,11 +84,52 @@ QUESTIONS: tuple[Question, ...] = (
         ("hopper", "ampere", "volta-turing", "none"),
         only_for_cuda=True,
     ),
-    Question("gpus_per_node", "GPUs per node", int, 1, only_for_cuda=True),
-    Question("num_nodes", "Number of nodes", int, 1, only_for_cuda=True),
-    Question("gpu_memory_gb", "Memory per GPU (GiB)", float, 0.0, only_for_cuda=True),
-    Question("host_memory_gb", "Host memory per node (GiB)", float, 0.0),
-    Question("model_size", "Model size in parameters (e.g. 100K, 10M)", str, "100K"),
+    # The caps refuse typing slips (1e9 GiB), not real machines: each is at least twice the
+    # largest there is today.
+    Question(
+        "gpus_per_node",
+        "GPUs per node",
+        int,
+        1,
+        only_for_cuda=True,
+        maximum=64,
+        beyond="more than any node holds (the largest: 16)",
+    ),
+    Question(
+        "num_nodes",
+        "Number of nodes",
+        int,
+        1,
+        only_for_cuda=True,
+        maximum=100_000,
+        beyond="more than the largest clusters have (~25,000)",
+    ),
+    Question(
+        "gpu_memory_gb",
+        "Memory per GPU (GiB)",
+        float,
+        0.0,
+        only_for_cuda=True,
+        maximum=1024,
+        beyond="more than any GPU has (the largest: 288 GB, MI355X)",
+        example="79.6",
+    ),
+    Question(
+        "host_memory_gb",
+        "Host memory per node (GiB)",
+        float,
+        0.0,
+        maximum=65_536,
+        beyond="more than any server holds (the largest: 32 TiB)",
+        example="64",
+    ),
+    Question(
+        "model_size",
+        "Model size in parameters (e.g. 100K, 10M)",
+        str,
+        "100K",
+        takes="a parameter count: a number with an optional K, M or B, e.g. 100K, 2.5M, 7B, 1e6",
+    ),
     Question(
         "framework",
         "Training framework",
@@ -154,6 +221,9 @@ PROJECT_NAME = re.compile(r"[A-Za-z]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 KIND_NAMES = {str: "text", int: "a whole number", float: "a number", bool: "true or false"}
 MODEL_SIZE = re.compile(r"(\d+(?:\.\d+)?(?:E\d{1,2})?)([KMB]?)")
 MODEL_SIZE_SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9}
+# Read only to refuse, with what to answer instead: the rendered project's config knows K, M and
+# B (`_refuse_larger_suffix`).
+MODEL_SIZE_TOO_LARGE = re.compile(r"(\d+(?:\.\d+)?(?:E\d{1,2})?)([TP])")
 
 
 @dataclass(frozen=True)
@@ -289,8 +359,12 @@ def parse_model_size(text: str) -> int:
 
     Raises:
         AnswerError: not a whole number of parameters of at least 1, written as a number with
-            an optional exponent and an optional K, M or B suffix.
+            an optional exponent and an optional K, M or B suffix; a T or P suffix is refused
+            as too large, with the largest model the examples render.
     """
+    larger = MODEL_SIZE_TOO_LARGE.fullmatch(text.strip().upper())
+    if larger:
+        _refuse_larger_suffix(text, decimal.Decimal(larger.group(1)), larger.group(2))
     match = MODEL_SIZE.fullmatch(text.strip().upper())
     count = decimal.Decimal(match.group(1)) * MODEL_SIZE_SUFFIXES[match.group(2)] if match else 0
     if count < 1 or count != count.to_integral_value():
@@ -299,6 +373,23 @@ def parse_model_size(text: str) -> int:
             "use e.g. 100K, 2.5M, 7B or 1e6"
         )
     return int(count)
+
+
+def _refuse_larger_suffix(text: str, number: decimal.Decimal, suffix: str) -> None:
+    """Refuse a T or P model size: too large, or (below the largest model) to be written in B."""
+    from scaffold.recipes import GPT3_CONTEXT
+    from scaffold.shapes import largest_decoder
+
+    largest = largest_decoder(GPT3_CONTEXT).params
+    count = number * {"T": 10**12, "P": 10**15}[suffix]
+    if count > largest:
+        raise AnswerError(
+            f"model_size {text!r} is too large: the largest model the examples render has "
+            f"{largest:,} parameters (the language model; the digits CNN: 50M); answer at "
+            f"most {largest // 10**9}B"
+        )
+    billions = format((count / 10**9).normalize(), "f")
+    raise AnswerError(f"model_size {text!r}: write it with K, M or B, as {billions}B")
 
 
 def parse_data_pairs(pairs: list[str]) -> dict[str, str]:
@@ -331,7 +422,8 @@ def coerce(question: Question, value: Any) -> Any:
     """Convert a text or typed value to the question's type and check it against the choices.
 
     Raises:
-        AnswerError: wrong type, a value outside the choices, or a count below 1.
+        AnswerError: wrong type, a value outside the choices, a count below 1, a negative or
+            non-finite number, or a number above the question's `maximum`.
         NotAvailableYet: a known value that this template version cannot render yet.
     """
     key = question.key
@@ -344,8 +436,7 @@ def coerce(question: Question, value: Any) -> Any:
             typed = question.kind(value)
     except (TypeError, ValueError):
         raise AnswerError(
-            f"{key}={value!r} is not {KIND_NAMES[question.kind]}; "
-            f"answer e.g. {key}={str(question.default).lower()}"
+            f"{key}={value!r} is not {KIND_NAMES[question.kind]}; answer e.g. {question.hint()}"
         ) from None
     if question.choices and typed not in question.choices:
         raise AnswerError(
@@ -356,10 +447,14 @@ def coerce(question: Question, value: Any) -> Any:
             f"{key}={typed} is not available yet in this version of scaffold; "
             f"answer one of: {', '.join(question.renderable)}"
         )
+    if question.kind is float and not math.isfinite(typed):
+        raise AnswerError(f"{key}={value!r} is not a finite number; answer e.g. {question.hint()}")
     if question.kind is int and typed < 1:
         raise AnswerError(f"{key}={typed} must be at least 1")
     if question.kind is float and typed < 0:
         raise AnswerError(f"{key}={typed} must not be negative")
+    if question.maximum is not None and typed > question.maximum:
+        raise AnswerError(f"{key}={value} is {question.beyond}; answer {question.accepted()}")
     return typed
 
 

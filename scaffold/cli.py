@@ -2,9 +2,10 @@
 `scaffold samples`. Thin: it parses, calls, prints, and turns every ScaffoldError into one line
 on stderr and exit code 2.
 
-Exit codes: 0 done; 1 `update` left conflicts to resolve (or `samples --check` found stale
-files); 2 bad input, nothing written; 3 `update` could not apply template changes to files the
-project deleted (listed, with the command that brings one back); 130 cancelled."""
+Exit codes: 0 done; 1 `update` left conflicts to resolve, or `update --diff` would (or
+`samples --check` found stale files); 2 bad input, nothing written; 3 `update` could not apply
+template changes to files the project deleted (listed, with the command that brings one back);
+130 cancelled."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from scaffold import __version__
-from scaffold.answers import Answers, build_answers, merge_sources, parse_data_pairs
+from scaffold.answers import QUESTIONS, Answers, build_answers, merge_sources, parse_data_pairs
 from scaffold.errors import AnswerError, ScaffoldError
 from scaffold.variants import VARIANTS
 
@@ -28,8 +29,9 @@ EXIT_USAGE = 2
 EXIT_DROPPED_CHANGES = 3
 EXIT_INTERRUPTED = 130
 UPDATE_EXIT_CODES = f"""exit status:
-  0  updated, or already up to date
+  0  updated, or already up to date (with --diff: the update would leave no conflicts)
   {EXIT_CONFLICTS}  conflicts: resolve the <<<<<<< markers in the listed files, git add, commit
+     (with --diff: the update would leave conflicts; nothing changed)
   {EXIT_USAGE}  bad input or a project that cannot be updated as it is; nothing changed
   {EXIT_DROPPED_CHANGES}  updated, but the template changed files this project deleted; those
      changes were not applied (the files are listed with the command that brings one
@@ -45,7 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"scaffold {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    new = commands.add_parser("new", help="render a new training project into DEST")
+    new = commands.add_parser(
+        "new",
+        help="render a new training project into DEST",
+        epilog=answer_keys_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     new.add_argument(
         "dest",
         metavar="DEST",
@@ -61,14 +68,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     planner = commands.add_parser(
-        "plan", help="print the plan for a set of answers (strategy, batch, memory) and exit"
+        "plan",
+        help="print the plan for a set of answers (strategy, batch, memory) and exit",
+        epilog=answer_keys_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_answer_options(planner)
 
     update = commands.add_parser(
         "update",
         help="merge this scaffold's template fixes into an existing project",
-        epilog=UPDATE_EXIT_CODES,
+        epilog=f"{UPDATE_EXIT_CODES}\n\n{answer_keys_help()}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     update.add_argument("dest", metavar="DEST", type=Path, nargs="?", default=Path("."))
@@ -94,6 +104,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--check", action="store_true", help="only list stale files; exit 1 if any"
     )
     return parser
+
+
+def answer_keys_help() -> str:
+    """The `--data` keys, each with what it asks, its default and the values it takes, from the
+    question table (`scaffold.answers.QUESTIONS`)."""
+    lines = [
+        "answer keys (--data KEY=VALUE; the prompts ask the others, --defaults takes each",
+        "default; hardware, GPU and memory answers default to what this machine has):",
+    ]
+    for question in QUESTIONS:
+        default = "DEST's name" if question.default is None else str(question.default)
+        default = default.lower() if question.kind is bool else default
+        cuda = "; hardware=cuda only" if question.only_for_cuda else ""
+        lines.append(f"  {question.key:<15} {question.prompt} (default {default}{cuda})")
+        lines.append(f"  {'':<15}   {question.accepted()}")
+    return "\n".join(lines)
 
 
 def _add_answer_options(command: argparse.ArgumentParser) -> None:
@@ -194,13 +220,47 @@ def _print_next_steps(answers: Answers, dest: Path) -> None:
         print(f"  (not committed: {dest} was not empty; review the files with git or diff)")
     print(f"  cd {dest} && python -m venv .venv && . .venv/bin/activate")
     print("  pip install -e '.[dev]' && pytest")
-    print(f"  python -m {answers.package_name}.train")
+    launches = launch_commands(answers)
+    width = max(len(command) for command, _ in launches) + 2
+    for command, what in launches:
+        print(f"  {command:<{width}}# {what}")
+
+
+def launch_commands(answers: Answers) -> list[tuple[str, str]]:
+    """(command, what it does) for each way to launch training as planned (`answers` resolved
+    by the planner): the launcher of the project's launch/ folder that starts the planned
+    processes, or the module itself for one process."""
+    nodes, per_node = answers.num_nodes, answers.gpus_per_node
+    processes = f"{answers.world_size} process{'es' if answers.world_size > 1 else ''}"
+    if answers.strategy == "single":
+        return [(f"python -m {answers.package_name}.train", "trains on one device")]
+    if answers.framework == "accelerate":
+        where = f'on each of the {nodes} nodes, with ACCELERATE_ARGS="--machine_rank R'
+        where += ' --main_process_ip HEAD" on all but the first'
+        return [
+            (
+                "bash launch/accelerate.sh",
+                f"accelerate launch, {processes}" + (f", {where}" if nodes > 1 else ""),
+            )
+        ]
+    if nodes > 1:
+        return [
+            ("sbatch launch/slurm.sbatch", f"SLURM: {nodes} nodes x {per_node} GPUs, resumes"),
+            (
+                "HEAD_NODE=<first node> bash launch/multinode.sh",
+                f"or, without SLURM, on each of the {nodes} nodes",
+            ),
+        ]
+    several = "; NPROC_PER_NODE=N for N" if answers.world_size == 1 else " on this node"
+    return [("bash launch/torchrun.sh", f"torchrun, {processes}{several}")]
 
 
 def cmd_update(args: argparse.Namespace) -> int:
-    """`scaffold update`: merge; exit 1 listing the conflicted files when markers remain, else
-    exit 3 listing the files the template changed that the project deleted (copier leaves those
-    changes out), with the `git checkout` that brings one back (`UPDATE_EXIT_CODES`)."""
+    """`scaffold update`: merge (printing the new plan when `--data` changes an answer); exit 1
+    listing the conflicted files when markers remain, else exit 3 listing the files the
+    template changed that the project deleted (copier leaves those changes out), with the `git
+    checkout` that brings one back (`UPDATE_EXIT_CODES`). `--diff` prints the diff and a
+    summary line, and exits 1 when the update would leave conflicts."""
     from scaffold.update import update_project
 
     data = parse_data_pairs(args.data)
@@ -215,18 +275,15 @@ def cmd_update(args: argparse.Namespace) -> int:
     )
     for note in result.notes:
         print(f"migration note {note}")
-    for line in result.warnings:  # e.g. a recorded strategy too small for a new model_size
-        print(f"scaffold: warning: {line}", file=sys.stderr)
+    if data and result.plan:  # a changed answer: the plan the update renders
+        _print_plan(result.plan)
+    else:
+        for line in result.warnings:  # e.g. a recorded strategy too small for the model
+            print(f"scaffold: warning: {line}", file=sys.stderr)
+    for note in result.config_notes:
+        print(f"scaffold: note: configs/train.toml: {note}", file=sys.stderr)
     if args.dry_run:
-        print(result.diff or f"no changes from {result.old_tag} to {result.new_tag}")
-        if result.dropped:
-            print(
-                f"scaffold: note: the update would not apply the template's changes to "
-                f"{len(result.dropped)} file(s) this project deleted: {', '.join(result.dropped)}"
-                "; scaffold update lists them with the command that brings one back",
-                file=sys.stderr,
-            )
-        return 0
+        return _print_dry_run(result)
     _print_dropped(result)
     if result.conflicts:
         print(f"scaffold: conflicts in {len(result.conflicts)} file(s):", file=sys.stderr)
@@ -241,6 +298,30 @@ def cmd_update(args: argparse.Namespace) -> int:
     versions = f"from {result.old_tag} to {result.new_tag}"
     print(f"{how} {args.dest.resolve()} {versions}; review with git diff, then commit")
     return EXIT_DROPPED_CHANGES if result.dropped else 0
+
+
+def _print_dry_run(result: UpdateResult) -> int:
+    """`update --diff`: the diff, then one summary line; EXIT_CONFLICTS if the update would
+    leave conflicts."""
+    print(result.diff or f"no changes from {result.old_tag} to {result.new_tag}")
+    if result.dropped:
+        print(
+            f"scaffold: note: the update would not apply the template's changes to "
+            f"{len(result.dropped)} file(s) this project deleted: {', '.join(result.dropped)}"
+            "; scaffold update lists them with the command that brings one back",
+            file=sys.stderr,
+        )
+    conflicts = (
+        f", {len(result.conflicts)} with conflicts: {', '.join(result.conflicts)}"
+        if result.conflicts
+        else ", no conflicts"
+    )
+    print(
+        f"scaffold update --diff: {len(result.changed_files)} file(s) would change from "
+        f"{result.old_tag} to {result.new_tag}{conflicts}; nothing was written",
+        file=sys.stderr,
+    )
+    return EXIT_CONFLICTS if result.conflicts else 0
 
 
 def _print_dropped(result: UpdateResult) -> None:

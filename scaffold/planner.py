@@ -28,8 +28,16 @@ from scaffold.answers import (
 )
 from scaffold.errors import AnswerError, NotAvailableYet
 from scaffold.memory import GIB, Estimate, estimate, gib
-from scaffold.recipes import GPT3_CONTEXT, SMALL_LM_RECIPE, Recipe, recipe_for, total_steps
-from scaffold.shapes import ModelShape, cnn_for, decoder_for, largest_decoder
+from scaffold.recipes import (
+    GPT3_CONTEXT,
+    SMALL_LM_RECIPE,
+    Recipe,
+    for_hardware,
+    recipe_for,
+    total_steps,
+    within_accumulation,
+)
+from scaffold.shapes import DecoderShape, ModelShape, cnn_for, decoder_for, largest_decoder
 
 # Share of device memory a plan may fill: the seeds' "raise batch size until memory is ~85-90%
 # used" (002 §6), the rest left to the CUDA context, the allocator's fragmentation and NCCL.
@@ -109,6 +117,33 @@ class Plan:
             lines.append(f"  {'host/node':<12}{gib(self.estimate.host):>9}  (offloaded state)")
         return lines
 
+    def memory_verdict(self) -> str:
+        """'' when the estimate fits the usable memory, or no memory was given. Else, since a
+        plan that does not fit is already at micro-batch 1 with activation checkpointing:
+        "does not fit" when it needs more than the device's whole memory ("short of host
+        memory": offloading, the node's), and "may run out of memory" when it needs only part
+        of the reserve that `usable` leaves (`USABLE_FRACTION`: the CUDA context,
+        fragmentation, NCCL), a close call."""
+        answers, estimate = self.answers, self.estimate
+        host = answers.host_memory_gb * GIB if answers.hardware == "cuda" else 0
+        for needed, usable, whole, verdicts in (
+            (
+                estimate.peak,
+                self.usable,
+                self.usable / USABLE_FRACTION[answers.hardware],
+                ("does not fit", "may run out of memory"),
+            ),
+            (
+                estimate.host,
+                host * USABLE_FRACTION["cpu"],
+                host,
+                ("short of host memory", "may run out of host memory"),
+            ),
+        ):
+            if usable and needed > usable:
+                return verdicts[0] if needed > whole else verdicts[1]
+        return ""
+
 
 def plan(answers: Answers) -> Plan:
     """Check the answers, resolve `precision` and `strategy`, and plan the training settings.
@@ -127,7 +162,7 @@ def plan(answers: Answers) -> Plan:
         warnings.append(
             f"precision={precision} on MPS is untested here; start in fp32, switch once it trains"
         )
-    recipe = recipe_for(answers.task, answers.model_params)
+    recipe = hardware_recipe(answers)
     shape = model_shape(answers.task, answers.model_params, recipe.block_size)
     choice: tuple[list[str], list[str]] = ([], [])
     fit = _choose_strategy(answers, precision, shape, recipe, *choice)
@@ -139,12 +174,16 @@ def plan(answers: Answers) -> Plan:
         )
         choice = ([], [])
         fit = _choose_strategy(answers, precision, shape, recipe, *choice)
+    if isinstance(shape, DecoderShape):
+        reasons.append(shape.provenance())
     reasons += choice[0]
     warnings += choice[1]
     strategy = fit.strategy
     _no_fp16_when_sharded({"strategy": strategy, "precision": precision})  # auto's choices
     coerce(QUESTION_BY_KEY["strategy"], strategy)  # NotAvailableYet if not rendered yet
     _check_framework(answers, strategy, precision, reasons)
+    if fit.fits:  # else micro-batch 1 is no measure of the device: keep the recipe's batch
+        recipe = within_accumulation(recipe, fit.micro_batch, answers.world_size)
     settings = _settings(answers, recipe, fit, reasons)
     resolved = dataclasses.replace(answers, precision=precision, strategy=strategy)
     usable = usable_bytes(answers)
@@ -237,12 +276,12 @@ def _image_model_size(values: Mapping[str, Any]) -> None:
 
 def _decoder_size(values: Mapping[str, Any]) -> None:
     size = values["model_size"]
-    largest = largest_decoder(GPT3_CONTEXT).params
-    if values["task"] == "language-model" and parse_model_size(size) > largest:
+    largest = largest_decoder(GPT3_CONTEXT)
+    if values["task"] == "language-model" and parse_model_size(size) > largest.params:
         raise AnswerError(
-            f"model_size={size} is more than the largest decoder the example renders ({largest:,} "
-            "parameters: 64 blocks of width 32,768); answer a smaller model_size, or render one "
-            "and put your own model in model.py"
+            f"model_size={size} is more than the largest decoder the example renders "
+            f"({largest.params:,} parameters: {largest.depth} blocks of width {largest.width:,}); "
+            "answer a smaller model_size, or render one and put your own model in model.py"
         )
 
 
@@ -260,7 +299,7 @@ def _framework_renders(values: Mapping[str, Any]) -> None:
 
 def _fits_somewhere(values: Mapping[str, Any]) -> None:
     answers = partial_answers(values)
-    recipe = recipe_for(answers.task, answers.model_params)
+    recipe = hardware_recipe(answers)
     _check_capacity(answers, model_shape(answers.task, answers.model_params, recipe.block_size))
 
 
@@ -298,6 +337,13 @@ def model_shape(task: str, params: int, block_size: int) -> ModelShape:
     if task == "image-classification":
         return cnn_for(params)
     return decoder_for(params, block_size)
+
+
+def hardware_recipe(answers: Answers) -> Recipe:
+    """The recipe of the answered model size (`recipe_for`), as the answered hardware can train
+    it (`for_hardware`: on CPU and MPS, the example's context and batch)."""
+    recipe = recipe_for(answers.task, answers.model_params)
+    return for_hardware(recipe, answers.hardware, answers.model_params)
 
 
 def usable_bytes(answers: Answers) -> int:
@@ -506,7 +552,9 @@ def _settings(
 
     settings: dict[str, Setting] = {}
     if recipe.block_size:
-        settings["block_size"] = Setting(recipe.block_size, of_recipe("context"))
+        settings["block_size"] = Setting(
+            recipe.block_size, recipe.note("block_size", of_recipe("context"))
+        )
         corpus = (
             "the example's corpus"
             if recipe.corpus_bytes == SMALL_LM_RECIPE.corpus_bytes
@@ -525,9 +573,9 @@ def _settings(
     settings["grad_accum_steps"] = Setting(
         accumulation,
         f"{chosen.micro_batch} x {accumulation} x {world} process(es) = {total} {unit} per "
-        f"optimizer step, {recipe.batch}",
+        f"optimizer step, {recipe.note('grad_accum_steps', recipe.batch)}",
     )
-    settings["lr"] = Setting(recipe.lr, of_recipe("peak learning rate"))
+    settings["lr"] = Setting(recipe.lr, recipe.note("lr", of_recipe("peak learning rate")))
     settings["warmup_steps"] = _warmup(recipe, total)
     if not usable:
         checkpointing = "off: memory not given, so nothing says it is needed"

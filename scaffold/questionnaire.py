@@ -2,9 +2,13 @@
 answers it, `--defaults` takes its default.
 
 Every answer is checked when it is given, against the answers so far (`planner.check`): a choice
-that cannot work is shown disabled with the reason, and a typed answer that cannot is refused
-under the prompt. The strategy question shows what each choice needs per device and what `auto`
-picks; once it is answered, the whole plan is shown.
+that cannot work is shown as not available, with the reason, and a typed answer that cannot is
+refused under the prompt. The strategy question shows, for each choice, the micro-batch the plan
+would use and what it needs per device, and what `auto` picks. `scaffold new` prints the plan
+once, after the last answer.
+
+Going back: every question after the first has a `← back` choice (a select) or takes `<` (a
+typed answer); it returns to the previous question, offering the answer given there.
 """
 
 from __future__ import annotations
@@ -25,9 +29,20 @@ from scaffold.answers import (
 from scaffold.memory import gib
 from scaffold.planner import check, partial_answers, plan
 
+BACK = "<"  # typed at a text prompt; also the value of the `← back` choice
+BACK_TITLE = "← back"
+# Said once, at the first question asked: how to go back from the later ones.
+FIRST_INSTRUCTION = {
+    "select": "(arrow keys; later questions have '← back' to return to the previous one)",
+    "text": "(type < at a later question to go back to the previous one)",
+}
+
 
 def ask(answered: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
     """Ask every question not in `answered`, offering `defaults`; return the new answers.
+
+    The user can go back to the previous question (see the module's docstring); its answer is
+    then offered as the default, and every later question is asked again.
 
     Raises:
         AnswerError: a value in `answered` is invalid, or cannot work with the others.
@@ -37,20 +52,27 @@ def ask(answered: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, A
     if "project_name" in known:
         package_name_for(known["project_name"])
     check(known)
+    pending = [question for question in QUESTIONS if question.key not in answered]
     answers: dict[str, Any] = {}
-    for question in QUESTIONS:
-        if question.key in answered:
-            continue
+    given: dict[str, Any] = {}  # answers taken back, offered again as defaults
+    asked: list[int] = []  # indexes into `pending`, in the order they were answered
+    index = 0
+    while index < len(pending):
+        question = pending[index]
         if question.only_for_cuda and known.get("hardware", defaults.get("hardware")) != "cuda":
+            index += 1
             continue
-        default = defaults.get(question.key, question.default)
-        answers[question.key] = known[question.key] = _ask_one(question, default, known)
-        if question.key == "strategy":
-            planned = plan(partial_answers(known))
-            for line in planned.describe():
-                questionary.print(line, style="fg:ansiblue")
-            for line in planned.warnings:
-                questionary.print(f"  warning: {line}", style="fg:ansiyellow")
+        default = given.get(question.key, defaults.get(question.key, question.default))
+        value = _ask_one(question, default, known, first=not asked)
+        if value == BACK and asked:
+            index = asked.pop()
+            key = pending[index].key
+            given[key] = answers.pop(key)
+            del known[key]
+            continue
+        answers[question.key] = known[question.key] = value
+        asked.append(index)
+        index += 1
     return answers
 
 
@@ -68,49 +90,90 @@ def unavailable(question: Question, value: Any, known: Mapping[str, Any]) -> str
 
 
 def strategy_title(value: str, known: Mapping[str, Any]) -> str:
-    """A strategy choice with what it needs per device: for `auto`, the strategy it picks."""
+    """A strategy choice, as a row under `strategy_instruction`: the micro-batch (and activation
+    checkpointing) its plan uses and what that needs per device, and for `auto` the strategy it
+    picks; then why it may not be the one to choose: it does not fit (or barely), or one
+    process gains nothing from it."""
     try:
         result = plan(partial_answers({**known, "strategy": value}))
     except AnswerError:
         return value
-    peak = f"~{gib(result.estimate.peak)} GiB per device"
-    usable = f" of {gib(result.usable)} usable" if result.usable else ""
-    risky = " (may run out of memory)" if result.warnings and result.usable else ""
-    picked = f"{result.answers.strategy}, " if value == "auto" else ""
-    return f"{value}  [{picked}{peak}{usable}{risky}]"
+    settings = result.settings
+    checkpointing = " + checkpointing" if settings["activation_checkpointing"].value else ""
+    batch = f"micro-batch {settings['micro_batch_size'].value}{checkpointing}"
+    picked = f"{result.answers.strategy}: " if value == "auto" else ""
+    notes = [result.memory_verdict()]
+    if result.answers.strategy != "single" and result.answers.world_size == 1:
+        notes.append("1 process: adds nothing")
+    shown = "".join(f"; {note}" for note in notes if note)
+    width = max(len(choice) for choice in QUESTION_BY_KEY["strategy"].choices)
+    return f"{value:<{width}}  {picked}{batch}, ~{gib(result.estimate.peak)} GiB{shown}"
 
 
-def _ask_one(question: Question, default: Any, known: Mapping[str, Any]) -> Any:
+def strategy_instruction(known: Mapping[str, Any]) -> str:
+    """The strategy question's header for `strategy_title`'s rows: per device, and the usable
+    memory they compare with."""
+    try:
+        usable = plan(partial_answers({**known, "strategy": "auto"})).usable
+    except AnswerError:
+        usable = 0
+    of = f" of {gib(usable)} usable" if usable else ""
+    return f"(per device: micro-batch, GiB needed{of})"
+
+
+def _ask_one(question: Question, default: Any, known: Mapping[str, Any], first: bool) -> Any:
+    """The answer to `question`, typed as `coerce` types it, or BACK."""
+    back = [] if first else [questionary.Choice(BACK_TITLE, value=BACK)]
+    instruction = FIRST_INSTRUCTION["select"] if first else None
     if question.kind is bool:
-        return questionary.confirm(question.prompt, default=bool(default)).unsafe_ask()
+        choices = [questionary.Choice("no", value=False), questionary.Choice("yes", value=True)]
+        return questionary.select(
+            question.prompt,
+            choices=choices + back,
+            default=choices[bool(default)],
+            instruction=instruction,
+        ).unsafe_ask()
     if question.choices:
-        reasons = {value: unavailable(question, value, known) for value in question.choices}
-        for value, reason in reasons.items():  # whole, where the menu line would cut it short
-            if reason:
-                questionary.print(f"  {value} cannot be chosen: {reason}", style="fg:ansiyellow")
-        choices = [
-            questionary.Choice(
-                strategy_title(value, known) if question.key == "strategy" else value,
-                value=value,
-                disabled=reasons[value] and "cannot be chosen: see above",
-            )
-            for value in question.choices
-        ]
-        enabled = [choice.value for choice in choices if not choice.disabled]
-        if not enabled:
-            raise AnswerError(f"no {question.key} can work with the answers so far; start over")
-        start = default if default in enabled else enabled[0]
-        return questionary.select(question.prompt, choices=choices, default=start).unsafe_ask()
+        return _select(question, default, known, back, instruction)
     typed = questionary.text(
         question.prompt,
         default="" if default is None else str(default),
-        validate=lambda text: _validate(question, text, known),
+        validate=lambda text: _validate(question, text, known, first),
+        instruction=FIRST_INSTRUCTION["text"] if first else None,
     ).unsafe_ask()
-    return coerce(question, typed)
+    return BACK if typed.strip() == BACK else coerce(question, typed)
 
 
-def _validate(question: Question, text: str, known: Mapping[str, Any]) -> bool | str:
-    """questionary's validator: True, or the error message shown under the prompt."""
+def _select(
+    question: Question,
+    default: Any,
+    known: Mapping[str, Any],
+    back: list[questionary.Choice],
+    instruction: str | None,
+) -> Any:
+    """A select question; a choice that cannot work is listed, not selectable, with why."""
+    choices = []
+    for value in question.choices:
+        reason = unavailable(question, value, known)
+        title = strategy_title(value, known) if question.key == "strategy" else value
+        # The reason's first clause: a menu line is cut at the terminal's width.
+        why = reason and f"not available: {reason.split('; ')[0]}"
+        choices.append(questionary.Choice(title, value=value, disabled=why))
+    enabled = [choice.value for choice in choices if not choice.disabled]
+    if not enabled and not back:
+        raise AnswerError(f"no {question.key} can work with the answers so far; start over")
+    start = default if default in enabled else (enabled or [BACK])[0]
+    if question.key == "strategy" and not instruction:
+        instruction = strategy_instruction(known)
+    return questionary.select(
+        question.prompt, choices=choices + back, default=start, instruction=instruction
+    ).unsafe_ask()
+
+
+def _validate(question: Question, text: str, known: Mapping[str, Any], first: bool) -> bool | str:
+    """questionary's validator: True, or the message shown under the prompt."""
+    if text.strip() == BACK:
+        return True if not first else "this is the first question; there is none to go back to"
     try:
         if question.key == "project_name":
             package_name_for(text)

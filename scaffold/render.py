@@ -183,10 +183,12 @@ def _tagged_tree(repo: Path, tag: str) -> str | None:
         return None
 
 
-def render_files(src_path: str, tag: str, data: Mapping[str, Any], dest: Path) -> None:
+def render_files(
+    src_path: str, tag: str, data: Mapping[str, Any], dest: Path, only: str | None = None
+) -> None:
     """Render template version `tag` of the repository at `src_path` with `data` into the new
     folder `dest`: copier alone (no ruff, no git), as `scaffold update` renders each side of its
-    merge.
+    merge. With `only` (a path relative to the project), that one file alone.
 
     Raises:
         RenderError: copier failed.
@@ -194,12 +196,99 @@ def render_files(src_path: str, tag: str, data: Mapping[str, Any], dest: Path) -
     import copier
     from copier.errors import CopierError, CopierWarning
 
+    # copier's excludes are gitignore patterns: exclude everything, then re-include the file
+    # and the folders above it.
+    parents = [f"!{parent.as_posix()}/" for parent in reversed(Path(only or ".").parents)][1:]
+    exclude = ["*", *parents, f"!{only}"] if only else []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CopierWarning)
         try:
-            copier.run_copy(src_path, dest, data=dict(data), vcs_ref=tag, defaults=True, quiet=True)
+            copier.run_copy(
+                src_path,
+                dest,
+                data=dict(data),
+                vcs_ref=tag,
+                defaults=True,
+                quiet=True,
+                exclude=exclude,
+            )
         except CopierError as error:
             raise RenderError(f"copier failed: {error}") from error
+
+
+def render_file(src_path: str, tag: str, data: Mapping[str, Any], path: str) -> str:
+    """The text of the file `path` (relative to the project) as template version `tag` renders
+    it with `data`; "" when that version renders no such file.
+
+    Raises:
+        RenderError: copier failed.
+    """
+    with tempfile.TemporaryDirectory() as scratch:
+        dest = Path(scratch) / "project"
+        render_files(src_path, tag, data, dest, only=path)
+        rendered = dest / path
+        return rendered.read_text() if rendered.is_file() else ""
+
+
+def merge_texts(mine: str, base: str, theirs: str, labels: tuple[str, str, str]) -> str:
+    """`mine` with the change from `base` to `theirs` merged in (git merge-file); a conflict is
+    left inline between markers that carry `labels` (mine, base, theirs).
+
+    Raises:
+        RenderError: git is missing or failed.
+    """
+    if shutil.which("git") is None:
+        raise RenderError("git is not installed; install git, which scaffold update needs")
+    with tempfile.TemporaryDirectory() as scratch:
+        paths = []
+        for name, text in (("mine", mine), ("base", base), ("theirs", theirs)):
+            path = Path(scratch) / name
+            path.write_text(text)
+            paths.append(str(path))
+        flags = [option for label in labels for option in ("-L", label)]
+        # Not run_git: merge-file's exit status is its count of conflicts, not a failure.
+        result = subprocess.run(
+            ["git", "merge-file", "-p", *flags, *paths], capture_output=True, text=True
+        )
+    if result.returncode < 0 or result.returncode > 127:  # else: the number of conflicts
+        raise RenderError(f"git merge-file failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+@contextlib.contextmanager
+def template_found_at(recorded: str, repo: Path) -> Iterator[None]:
+    """While copier runs, make the template path a project's answers file recorded, when it is
+    `~/...`, lead to the cache repository `repo`.
+
+    copier reads the project's old template version from that recorded path (no option of its
+    own says otherwise), while SCAFFOLD_CACHE_DIR may keep this machine's cache elsewhere. So
+    HOME points at a temporary folder with a symbolic link at the recorded place; git still
+    reads the user's own configuration. A recorded absolute path, or one that already leads to
+    `repo`, is left as it is.
+    """
+    if not recorded.startswith("~/") or Path(recorded).expanduser() == repo.expanduser():
+        yield
+        return
+    real = Path.home()
+    with tempfile.TemporaryDirectory() as home:
+        link = Path(home) / recorded.removeprefix("~/")
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(repo.expanduser().resolve(), target_is_directory=True)
+        changes = {"HOME": home}
+        if "GIT_CONFIG_GLOBAL" not in os.environ and (real / ".gitconfig").is_file():
+            changes["GIT_CONFIG_GLOBAL"] = str(real / ".gitconfig")
+        if "XDG_CONFIG_HOME" not in os.environ:  # where git reads ~/.config/git/config
+            changes["XDG_CONFIG_HOME"] = str(real / ".config")
+        saved = {key: os.environ.get(key) for key in changes}
+        os.environ.update(changes)
+        try:
+            yield
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
 
 def store_folder_as_ref(project: Path, folder: Path, ref: str, message: str) -> None:

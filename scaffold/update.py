@@ -6,6 +6,10 @@ the recorded answers, and applies the difference as a 3-way merge (conflicts inl
 machine whose template cache lacks the project's version, that version is restored from the
 commit `scaffold new` kept in the project's git (refs/scaffold/templates/<tag>).
 
+copier's line-based merge conflicts wherever an owner's edit sits next to a line the template
+changed, and a new plan changes many lines of `configs/train.toml`: copier leaves that file
+alone, and `scaffold.config_merge` merges it key by key (the plan's values, the owner's own).
+
 copier also skips, without a word, a template change to a file the owner deleted (copier#1735).
 `dropped_changes` finds those files by rendering both template versions; the new version's
 render is kept in the project's git (refs/scaffold/rendered/<tag>) so that one command brings
@@ -15,6 +19,7 @@ such a file back with the change.
 from __future__ import annotations
 
 import filecmp
+import os
 import tempfile
 import warnings
 from collections.abc import Mapping
@@ -27,30 +32,39 @@ from packaging.version import InvalidVersion, Version
 
 from scaffold import __version__
 from scaffold.answers import build_answers, merge_sources
+from scaffold.config_merge import LABELS, merge_config
 from scaffold.errors import ProjectError, RenderError
 from scaffold.migrations import notes_between
 from scaffold.planner import Plan, plan
 from scaffold.render import (
+    CACHE_ENV,
     ensure_template_repo,
     format_with_ruff,
     has_template_version,
     keep_template_in_project,
+    merge_texts,
+    render_file,
     render_files,
     restore_template_version,
     run_git,
     store_folder_as_ref,
+    template_found_at,
+    template_repo_source,
 )
 
 ANSWERS_FILE = ".copier-answers.yml"
+CONFIG = "configs/train.toml"  # merged by scaffold.config_merge, not by copier
 # Where an update keeps the new template's render when it could not apply some of it.
 RENDERED_REFS = "refs/scaffold/rendered"
 
 
 @dataclass
 class UpdateResult:
-    """What an update did: versions, conflicted files, migration notes, a dry run's diff, and
-    the files whose template change was not applied because the project no longer has them
-    (`dropped`; `restore_ref` holds the new render, for `git checkout REF -- PATH`)."""
+    """What an update did: versions, conflicted files, migration notes, a dry run's diff (and
+    the files it changes), the plan the update rendered, notes on planned values of the
+    owner's that the new plan replaced, and the files whose template change was not applied
+    because the project no longer has them (`dropped`; `restore_ref` holds the new render, for
+    `git checkout REF -- PATH`)."""
 
     old_tag: str
     new_tag: str
@@ -58,10 +72,13 @@ class UpdateResult:
     changed: bool = False
     notes: list[str] = field(default_factory=list)
     diff: str = ""
+    changed_files: list[str] = field(default_factory=list)
     warnings: tuple[str, ...] = ()
     project: Path | None = None
     dropped: list[str] = field(default_factory=list)
     restore_ref: str = ""
+    plan: Plan | None = None
+    config_notes: tuple[str, ...] = ()
 
 
 def find_project(start: Path) -> Path:
@@ -172,9 +189,11 @@ def update_project(
     project is re-rendered from scratch with the recorded answers (no merge), for review with
     `git diff`. `template` overrides the bundled template (tests build a newer one).
 
-    Unless `recopy`, `result.dropped` lists the files the new template changes that the project
-    no longer has (see `dropped_changes`); the update did not apply those changes. After a real
-    update their new version is kept in the project's git as `result.restore_ref`.
+    Unless `recopy`, `configs/train.toml` is merged key by key (`scaffold.config_merge`), and
+    `result.dropped` lists the files the new template changes that the project no longer has
+    (see `dropped_changes`); the update did not apply those changes. After a real update their
+    new version is kept in the project's git as `result.restore_ref`. The template cache is
+    this machine's (SCAFFOLD_CACHE_DIR, see `cache_source`).
 
     Raises:
         ProjectError: not a scaffold project, no git, a dirty tree, a downgrade, or the old
@@ -185,12 +204,13 @@ def update_project(
     recorded = recorded_answers(project)
     old = check_updatable(project, recorded, version)
     planned = updated_plan(recorded, data or {})
-    source = str(recorded.get("_src_path") or "~/.cache/scaffold/template-repo")
+    recorded_source = str(recorded.get("_src_path") or template_repo_source()[1])
     old_tag = str(recorded["_commit"])
-    source, new_tag = ensure_template_repo(version, template, source)
+    source, new_tag = ensure_template_repo(version, template, cache_source(recorded_source))
     result = UpdateResult(old_tag, new_tag, notes=notes_between(old, _version_of(new_tag)))
     result.warnings = planned.warnings
     result.project = project
+    result.plan = planned
     old_answers = _render_data(recorded)
     missing = not recopy and not has_template_version(source, old_tag)
     if missing and not restore_template_version(project, source, old_tag):
@@ -198,12 +218,11 @@ def update_project(
             f"the template of {old_tag} is neither in the cache nor kept in the project; "
             "run scaffold update --recopy and review the result with git diff"
         )
+    merge = _Merge(planned, source, recorded_source, (old_tag, old_answers), new_tag, ask, recopy)
     if dry_run:
-        old = (old_tag, old_answers)
-        result.diff, result.dropped = _dry_run(project, planned, source, old, ask, recopy, new_tag)
+        _dry_run(project, merge, result)
         return result
-    _run_copier(project, planned, new_tag, ask, recopy)
-    result.conflicts = conflicted_files(project)
+    result.conflicts, result.config_notes = merge.run(project)
     result.changed = bool(run_git("status", "--porcelain", cwd=project))
     keep_template_in_project(project, source, new_tag)
     if not recopy:  # a recopy renders every file again, deleted ones too
@@ -214,6 +233,48 @@ def update_project(
         )
         result.restore_ref = ref if result.dropped else ""
     return result
+
+
+def cache_source(recorded: str) -> str:
+    """The template cache an update uses: this machine's (SCAFFOLD_CACHE_DIR, when set) for a
+    project that recorded the default `~/...` one; else the one the project recorded (an
+    absolute path, from a SCAFFOLD_CACHE_DIR at `scaffold new`), which copier reads."""
+    if os.environ.get(CACHE_ENV) and recorded.startswith("~/"):
+        return template_repo_source()[1]
+    return recorded
+
+
+@dataclass(frozen=True)
+class _Merge:
+    """One update's inputs: the plan, the cache repository (`source`) and the template path
+    the project recorded, the old version (tag, copier data), the new tag, copier's flags."""
+
+    planned: Plan
+    source: str
+    recorded_source: str
+    old: tuple[str, Mapping[str, Any]]
+    new_tag: str
+    ask: bool
+    recopy: bool
+
+    def run(self, folder: Path) -> tuple[list[str], tuple[str, ...]]:
+        """Update the project checked out at `folder`: copier, then `configs/train.toml` key by
+        key (not for a recopy). Returns the conflicted files and the config merge's notes."""
+        config = folder / CONFIG
+        mine = config.read_text() if config.is_file() and not self.recopy else None
+        skip = [CONFIG] if mine is not None else []
+        with template_found_at(self.recorded_source, Path(self.source)):
+            _run_copier(folder, self.planned, self.new_tag, self.ask, self.recopy, skip)
+        conflicts = conflicted_files(folder)
+        if mine is None or not config.is_file():
+            return conflicts, ()
+        new = (self.new_tag, _answers_after(folder, self.planned))
+        base, theirs = (render_file(self.source, *version, CONFIG) for version in (self.old, new))
+        merged = merge_config(mine, base, theirs, lambda *texts: merge_texts(*texts, LABELS))
+        config.write_text(merged.text)
+        if merged.conflicted:
+            conflicts = sorted({*conflicts, CONFIG})
+        return conflicts, merged.notes
 
 
 def dropped_changes(
@@ -284,7 +345,10 @@ def _answers_after(project: Path, planned: Plan) -> dict[str, Any]:
     return {**recorded, **planned.copier_data()}
 
 
-def _run_copier(project: Path, planned: Plan, tag: str, ask: bool, recopy: bool) -> None:
+def _run_copier(
+    project: Path, planned: Plan, tag: str, ask: bool, recopy: bool, skip: list[str]
+) -> None:
+    """copier's update (or recopy) of `project`, leaving the files in `skip` as they are."""
     import copier
     from copier.errors import CopierError, CopierWarning
 
@@ -295,30 +359,28 @@ def _run_copier(project: Path, planned: Plan, tag: str, ask: bool, recopy: bool)
             if recopy:
                 copier.run_recopy(project, defaults=True, **options)
             else:
-                copier.run_update(project, defaults=not ask, conflict="inline", **options)
+                copier.run_update(
+                    project, defaults=not ask, conflict="inline", skip_if_exists=skip, **options
+                )
         except CopierError as error:
             raise RenderError(f"copier failed: {error}") from error
 
 
-def _dry_run(
-    project: Path,
-    planned: Plan,
-    source: str,
-    old: tuple[str, Mapping[str, Any]],
-    ask: bool,
-    recopy: bool,
-    new_tag: str,
-) -> tuple[str, list[str]]:
-    """Run the update on a throw-away clone; return `git diff` of what it changed and the files
-    whose change it left out (see `dropped_changes`)."""
+def _dry_run(project: Path, merge: _Merge, result: UpdateResult) -> None:
+    """Run the update on a throw-away clone; fill `result` with `git diff` of what it changed,
+    the files it changed, those left with conflicts, and the files whose change it left out
+    (see `dropped_changes`)."""
     with tempfile.TemporaryDirectory() as scratch:
         clone = Path(scratch) / project.name
         run_git("clone", "--quiet", str(project), str(clone), cwd=Path(scratch))
-        _run_copier(clone, planned, new_tag, ask, recopy)
-        new = (new_tag, _answers_after(clone, planned))
-        dropped = [] if recopy else dropped_changes(clone, source, old, new)
+        result.conflicts, result.config_notes = merge.run(clone)
+        new = (merge.new_tag, _answers_after(clone, merge.planned))
+        if not merge.recopy:
+            result.dropped = dropped_changes(clone, merge.source, merge.old, new)
         run_git("add", "--all", cwd=clone)
-        return run_git("diff", "--cached", cwd=clone), dropped
+        result.diff = run_git("diff", "--cached", cwd=clone)
+        result.changed_files = run_git("diff", "--cached", "--name-only", cwd=clone).splitlines()
+        result.changed = bool(result.changed_files)
 
 
 def conflicted_files(project: Path) -> list[str]:

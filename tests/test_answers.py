@@ -220,3 +220,31 @@ def test_accelerate_with_fp16_is_refused_and_auto_on_volta_picks_fp32():
     resolved = plan(answers(**volta))
     assert resolved.answers.precision == "fp32"
     assert "does not render fp16" in resolved.reasons[0]
+
+
+def test_a_size_in_trillions_is_too_large_or_written_in_billions():
+    """The rendered project reads K, M and B only: T is refused, as too large (with the largest
+    model the examples render) or, below that, with the same size in B."""
+    from scaffold.recipes import GPT3_CONTEXT
+    from scaffold.shapes import largest_decoder
+
+    largest = largest_decoder(GPT3_CONTEXT).params
+    with pytest.raises(AnswerError, match=rf"'10T' is too large: .* has {largest:,} parameters"):
+        parse_model_size("10T")
+    with pytest.raises(AnswerError, match="'0.5t': write it with K, M or B, as 500B$"):
+        parse_model_size("0.5t")
+
+
+@pytest.mark.parametrize(
+    "question", [q for q in QUESTIONS if q.kind in (int, float)], ids=lambda q: q.key
+)
+def test_every_number_has_a_cap_and_its_refusal_gives_the_range(question):
+    from scaffold.answers import coerce
+
+    assert coerce(question, question.maximum) == question.maximum
+    with pytest.raises(AnswerError, match=f"answer {question.accepted()}$"):
+        coerce(question, question.maximum * 2)
+    with pytest.raises(AnswerError, match=f"answer e.g. {question.key}=") as refused:
+        coerce(question, "lots")
+    hinted = str(refused.value).rsplit("=", 1)[1]  # a value a CUDA plan takes
+    plan(answers(**{"hardware": "cuda", "gpu_arch": "ampere", question.key: hinted}))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import os
+import re
 import subprocess
 import sys
 
@@ -109,6 +111,29 @@ BAD_INPUTS = {
         "whole number of parameters",
     ),
     "huge-model": (["x", "--defaults", "--data", "model_size=7B"], "too large"),
+    "trillions": (
+        ["x", "--defaults", "--data", "task=language-model", "--data", "model_size=10T"],
+        "model_size '10T' is too large: the largest model the examples render has",
+    ),
+    "absurd-gpu-memory": (
+        ["x", "--defaults", "--data", "hardware=cuda", "--data", "gpu_memory_gb=1e9"],
+        "gpu_memory_gb=1e9 is more than any GPU has (the largest: 288 GB, MI355X); answer 0 to "
+        "1,024",
+    ),
+    "absurd-host-memory": (
+        ["x", "--defaults", "--data", "host_memory_gb=1e7"],
+        "answer 0 to 65,536",
+    ),
+    "absurd-gpus-per-node": (
+        ["x", "--defaults", "--data", "hardware=cuda", "--data", "gpus_per_node=512"],
+        "answer 1 to 64",
+    ),
+    "absurd-nodes": (["x", "--defaults", "--data", "num_nodes=1000000"], "answer 1 to 100,000"),
+    "nan-memory": (["x", "--defaults", "--data", "host_memory_gb=nan"], "not a finite number"),
+    "bad-gpu-memory": (
+        ["x", "--defaults", "--data", "gpu_memory_gb=lots"],
+        "is not a number; answer e.g. gpu_memory_gb=79.6",
+    ),
     "fsdp2-fp16": (
         [
             "x",
@@ -240,48 +265,61 @@ def test_variants_lists_names_first(tmp_path):
     assert "cpu-single-fp32" in names and len(names) == len(set(names))
 
 
-DOWN, BACKSPACE = "\x1b[B", "\x7f"
+DOWN, UP, BACKSPACE = "\x1b[B", "\x1b[A", "\x7f"
 
 
 def test_interactive_prompts_with_a_pseudo_terminal(tmp_path):
-    """Drive questionary through a real pty as a user would: CUDA on 2 GPUs, a model too large
-    for the digits example first (refused under the prompt), bf16, and `auto` for the strategy,
-    which shows what it picks; choices that cannot work are disabled with the reason."""
+    """Drive questionary through a real pty as a user would: back from the hardware question
+    to the task and on, CUDA on 2 GPUs (back from the node count to change them), absurd GPU
+    memory and a model too large for the digits example first (each refused under the
+    prompt), bf16, and `auto` for the strategy, which shows what it picks; choices that cannot
+    work are shown as not available, with the reason. The plan is printed once."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TERM": "xterm"}
     child = pexpect.spawn(
         sys.executable, ["-m", "scaffold", "new", "netproj"], cwd=str(tmp_path), env=env,
         encoding="utf-8", timeout=60, dimensions=(50, 200),
     )  # fmt: skip
+    child.logfile_read = transcript = io.StringIO()
 
     def answer(prompt: str, keys: str = "") -> None:
         child.expect(prompt)
         child.send(keys + "\r")
 
-    answer("Project name")
+    child.expect("Project name")
+    answer("type < at a later question to go back")  # told at the first question
     answer("Example task")
+    answer("Hardware", UP)  # cpu -> (wraps around to) ← back
+    answer("Example task")  # asked again
     answer("Hardware", DOWN)  # cpu -> cuda
-    # `none` is shown disabled, its reason whole above the menu.
-    child.expect("none cannot be chosen: hardware=cuda needs the GPU architecture; answer")
     child.expect("GPU architecture")
+    # `none` is listed, as information, not selectable.
+    child.expect(r"- none \(not available: hardware=cuda needs the GPU architecture\)")
     child.send("\r")  # the first choice that can work: hopper
+    answer("GPUs per node", BACKSPACE + "3")
+    answer("Number of nodes", BACKSPACE + "<")  # back: GPUs per node offers 3 again
     answer("GPUs per node", BACKSPACE + "2")
     answer("Number of nodes")
-    answer("Memory per GPU", BACKSPACE * 8 + "40")
+    answer("Memory per GPU", BACKSPACE * 8 + "1e9")
+    child.expect("more than any GPU has")  # refused where it was typed
+    child.send(BACKSPACE * 3 + "40\r")
     answer("Host memory per node", BACKSPACE * 8 + "64")
     answer("Model size", BACKSPACE * 8 + "7B")
-    child.expect("too large for the 8x8-digits example model")  # refused where it was typed
+    child.expect("too large for the 8x8-digits example model")
     child.send(BACKSPACE * 2 + "100K\r")
     answer("Training framework")
     answer("Precision", DOWN * 2)  # auto -> fp32 -> bf16
-    child.expect("single cannot be chosen: strategy=single uses one device but 2 GPUs")
     child.expect("Parallelism strategy")
-    child.expect(r"auto  \[ddp, ~")  # what auto picks, and what it needs per device
+    child.expect(r"per device: micro-batch, GiB needed of 34.0 usable")
+    child.expect(r"auto +ddp: micro-batch \d+, ~[\d.]+ GiB")  # what auto picks, at which batch
+    child.expect(r"- single \(not available: strategy=single uses one device but 2 GPUs")
     child.send("\r")
-    child.expect("Estimated memory per device")  # the plan, before the last question
     answer("torch.compile")
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0, child.before
+    output = transcript.getvalue()
+    assert output.count("Estimated memory per device") == 1, "the plan, printed once"
+    assert "cannot be chosen" not in output
     engine = (tmp_path / "netproj" / "src" / "netproj" / "engine.py").read_text()
     assert "COMPUTE_DTYPE = torch.bfloat16" in engine
     recorded = yaml.safe_load((tmp_path / "netproj" / ".copier-answers.yml").read_text())
@@ -329,7 +367,7 @@ def test_plan_prints_each_decision_and_the_memory_table_and_writes_nothing(tmp_p
                           cwd=tmp_path, env=env)  # fmt: skip
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("Plan for language-model, model_size=7B: 7,073,356,160 parameters")
+    assert lines[0].startswith("Plan for language-model, model_size=7B: 6,454,648,832 parameters")
     decisions = ["precision=bf16:", "strategy=fsdp2:", "block_size=2048:", "lr=1.2e-4:"]
     decisions += ["micro_batch_size=", "grad_accum_steps=", "activation_checkpointing="]
     for decision in decisions:
@@ -367,3 +405,60 @@ def test_a_destination_without_write_permission_is_one_line_exit_2(tmp_path, whe
     assert len(lines) == 1 and lines[0].startswith("scaffold: error: cannot write"), lines
     assert "is not writable by you; choose a folder you can write to" in lines[0]
     assert entries == ["notes.txt"] and (locked / "notes.txt").read_text() == "mine"
+
+
+def test_the_next_steps_launch_a_multi_node_plan_with_its_launchers(tmp_path):
+    """2 nodes x 4 GPUs: `Next:` gives the multi-node launchers the project has (sbatch, or
+    multinode.sh on each node), not a single-process command."""
+    data = ["hardware=cuda", "gpu_arch=hopper", "gpus_per_node=4", "num_nodes=2"]
+    data += ["gpu_memory_gb=80"]
+    flags = [flag for pair in data for flag in ("--data", pair)]
+    result = run_scaffold("new", "mn", "--defaults", *flags, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    steps = result.stdout.split("Next:")[1]
+    assert "python -m mn.train" not in steps and "torchrun.sh" not in steps, steps
+    assert "sbatch launch/slurm.sbatch" in steps and "SLURM: 2 nodes x 4 GPUs" in steps
+    assert "HEAD_NODE=<first node> bash launch/multinode.sh" in steps
+    assert "on each of the 2 nodes" in steps
+    for script in ("launch/slurm.sbatch", "launch/multinode.sh"):
+        assert (tmp_path / "mn" / script).is_file(), script
+
+
+LAUNCHES = {
+    "cpu-single-fp32": "python -m cpu_single_fp32.train",
+    "cuda-ddp-bf16": "bash launch/torchrun.sh",
+    "cpu-ddp-fp32": "bash launch/torchrun.sh",
+    "lm-zero3-bf16": "bash launch/torchrun.sh",
+    "multinode-ddp-bf16": "sbatch launch/slurm.sbatch",
+    "accelerate-cuda-ddp-bf16": "bash launch/accelerate.sh",
+}
+
+
+@pytest.mark.parametrize("variant", list(LAUNCHES))
+def test_the_next_steps_launch_each_plan_with_a_launcher_its_project_has(variant):
+    from scaffold.answers import build_answers, merge_sources
+    from scaffold.cli import launch_commands
+    from scaffold.planner import plan
+    from scaffold.variants import VARIANTS
+
+    answers = plan(build_answers(merge_sources(VARIANTS[variant], {"project_name": variant})))
+    commands = [command for command, _ in launch_commands(answers.answers)]
+    assert commands[0] == LAUNCHES[variant]
+    sample = REPO_ROOT / "generated_samples" / variant
+    for script in re.findall(r"launch/\S+", " ".join(commands)):
+        assert (sample / script).is_file(), script
+
+
+def test_new_help_lists_every_answer_key_with_the_values_it_takes(tmp_path):
+    from scaffold.answers import QUESTIONS
+
+    usage = run_scaffold("new", "--help", cwd=tmp_path).stdout
+    keys = usage[usage.index("answer keys (--data KEY=VALUE") :]
+    for question in QUESTIONS:
+        entry = re.search(rf"^  {question.key} +(.*)\n +(.*)$", keys, re.MULTILINE)
+        assert entry, question.key
+        assert question.prompt in entry.group(1), question.key
+        for value in question.renderable or question.choices:
+            assert value in entry.group(2).split(" | "), (question.key, value)
+    assert re.search(r"^  gpu_memory_gb .*\n +0 to 1,024$", keys, re.MULTILINE)
+    assert re.search(r"^  strategy .*\(default auto\)", keys, re.MULTILINE)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,11 @@ from conftest import REPO_ROOT, run_in_project, run_scaffold, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from scaffold.answers import build_answers, merge_sources
 from scaffold.errors import ProjectError
+from scaffold.planner import plan
 from scaffold.samples import render_variant
+from scaffold.variants import VARIANTS
 
 NEW_VERSION = "0.2.0"
 LOOP_LINE = "    engine.module.eval()  # dropout off"
@@ -470,3 +474,69 @@ def test_a_deleted_file_comes_back_fixed_in_a_project_inside_a_larger_repository
     how = re.search(r"(git checkout \S+ -- )PATH", result.stderr)
     subprocess.run([*how.group(1).split(), "src/demo/loader.py"], cwd=project, check=True)
     assert LOADER_FIX in (project / "src" / "demo" / "loader.py").read_text()
+
+
+def test_a_new_model_size_merges_the_plan_into_train_toml_and_keeps_the_owners_values(tmp_path):
+    """The owner points text_path at their corpus (the line above a planned one) and renames
+    run_dir; `--data model_size=30M` re-plans: every `# plan:` line takes the new plan's value,
+    their values stay, no conflict; `--diff` says so in one line first, and the plan is shown."""
+    project = tmp_path / "lm"
+    render_variant("lm-cpu-single-fp32", project, init_git=True)
+    config = project / "configs" / "train.toml"
+    mine = config.read_text().replace('text_path = ""', 'text_path = "data/corpus.txt"')
+    mine = mine.replace('run_dir = "runs/stdlib-lm"', 'run_dir = "runs/mine"')
+    config.write_text(mine)
+    commit_all(project, "my corpus")
+    args = ["update", str(project), "--data", "model_size=30M"]
+    preview = run_scaffold(*args, "--diff", cwd=tmp_path)
+    assert preview.returncode == 0, preview.stderr
+    assert "<<<<<<<" not in preview.stdout
+    summary = [line for line in preview.stderr.splitlines() if "--diff:" in line]
+    assert len(summary) == 1 and "no conflicts; nothing was written" in summary[0], preview.stderr
+    assert git(project, "status", "--porcelain") == ""
+    result = run_scaffold(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Plan for language-model, model_size=30M" in result.stdout
+    text = config.read_text()
+    assert "<<<<<<<" not in text and not list(project.rglob("*.rej"))
+    values = tomllib.loads(text)
+    assert (values["text_path"], values["run_dir"]) == ("data/corpus.txt", "runs/mine")
+    answers = {**VARIANTS["lm-cpu-single-fp32"], "model_size": "30M", "project_name": "lm"}
+    planned = plan(build_answers(merge_sources(answers)))
+    for key, setting in planned.settings.items():
+        assert f"# plan: {setting.source}\n{key} = {setting.as_toml()}" in text, key
+    assert values["model_size"] == "30M"
+
+
+def test_diff_says_in_one_line_that_the_update_would_conflict_and_exits_1(project, new_template):
+    train = project / "src" / "demo" / "train.py"
+    train.write_text(train.read_text().replace(LOOP_LINE, "    model.eval()  # my own note"))
+    commit_all(project, "my note")
+    before = snapshot(project)
+    result = update(project, new_template, "--diff")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "<<<<<<<" in result.stdout
+    summary = result.stderr.strip().splitlines()[-1]
+    assert "would change from v0.1.0 to v0.2.0, 1 with conflicts: src/demo/train.py" in summary
+    assert snapshot(project) == before and git(project, "status", "--porcelain") == ""
+
+
+def test_update_keeps_the_template_cache_where_scaffold_cache_dir_says(
+    project, new_template, tmp_path
+):
+    """A project rendered with the default cache (its answers record ~/.cache/...), updated on
+    a machine whose SCAFFOLD_CACHE_DIR puts the cache elsewhere: nothing goes to ~/.cache."""
+    home, cache = tmp_path / "other-home", tmp_path / "my-cache"
+    home.mkdir()
+    env = {"HOME": str(home), "SCAFFOLD_CACHE_DIR": str(cache)}
+    args = ["--template", str(new_template), "--template-version", NEW_VERSION]
+    result = run_scaffold("update", str(project), *args, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert LOOP_FIX in (project / "src" / "demo" / "train.py").read_text()
+    assert not (home / ".cache").exists(), "the default cache was written"
+    tags = git(cache / "template-repo", "tag").split()
+    assert {"v0.1.0", "v0.2.0"} <= set(tags), tags
+    assert (
+        "_src_path: ~/.cache/scaffold/template-repo"
+        in (project / ".copier-answers.yml").read_text()
+    ), "the project's answers stay the same on every machine"

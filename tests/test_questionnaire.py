@@ -1,0 +1,98 @@
+"""The questionnaire without a terminal: going back, and what the strategy choices say."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from scaffold import questionnaire
+from scaffold.memory import GIB
+from scaffold.planner import partial_answers, plan
+from scaffold.questionnaire import BACK, ask, strategy_instruction, strategy_title
+
+CPU_16 = {"task": "language-model", "hardware": "cpu", "host_memory_gb": 16.0}
+H100S = {"task": "language-model", "hardware": "cuda", "gpu_arch": "hopper", "gpus_per_node": 8}
+H100S |= {"num_nodes": 1, "gpu_memory_gb": 80.0, "host_memory_gb": 1024.0, "model_size": "7B"}
+
+
+def script(monkeypatch, replies: list) -> list[tuple[str, object]]:
+    """Answer the questions with `replies` in order (BACK goes back); return (key, default
+    offered) for each question asked."""
+    asked: list[tuple[str, object]] = []
+    pending = iter(replies)
+
+    def reply(question, default, known, first):
+        asked.append((question.key, default))
+        answer = next(pending)
+        assert not (answer == BACK and first), "the first question has no back"
+        return answer
+
+    monkeypatch.setattr(questionnaire, "_ask_one", reply)
+    return asked
+
+
+def test_back_returns_to_the_previous_question_offering_its_answer(monkeypatch):
+    """cuda, then back from the GPU questions to hardware (which offers cuda), cpu instead: the
+    GPU questions are skipped from there on and their answers are gone."""
+    replies = ["language-model", "cuda", "ampere", 4, BACK, BACK, BACK, "cpu", 32.0]
+    replies += ["1M", "pytorch", "auto", "auto", False]
+    asked = script(monkeypatch, replies)
+    answers = ask({"project_name": "demo"}, {"hardware": "cpu", "host_memory_gb": 16.0})
+    keys = [key for key, _ in asked]
+    assert keys[:8] == ["task", "hardware", "gpu_arch", "gpus_per_node", "num_nodes"] + [
+        "gpus_per_node",
+        "gpu_arch",
+        "hardware",
+    ]
+    assert asked[5] == ("gpus_per_node", 4), "going back offers the answer given"
+    assert asked[7] == ("hardware", "cuda")
+    assert keys[8:] == ["host_memory_gb", "model_size", "framework", "precision", "strategy"] + [
+        "compile"
+    ]
+    assert answers["hardware"] == "cpu" and answers["host_memory_gb"] == 32.0
+    assert not {"gpu_arch", "gpus_per_node"} & set(answers), "answers taken back are gone"
+
+
+def test_the_first_question_asked_offers_no_back(monkeypatch):
+    """`script` fails if BACK is answered where `first` is set: back to the task, and the task
+    is the first question asked again."""
+    asked = script(monkeypatch, ["language-model", BACK, "image-classification", "cpu", 16.0] + [
+        "100K", "pytorch", "auto", "auto", False])  # fmt: skip
+    answers = ask({"project_name": "demo"}, {})
+    assert [key for key, _ in asked][:4] == ["task", "hardware", "task", "hardware"]
+    assert asked[2] == ("task", "language-model")
+    assert answers["task"] == "image-classification"
+
+
+def test_one_cpu_process_says_a_distributed_strategy_adds_nothing_not_out_of_memory():
+    """16 GiB CPU: DDP, FSDP2 and ZeRO fit easily; what the menu says is why they gain nothing,
+    and at which micro-batch each is sized."""
+    for strategy in ("ddp", "fsdp2", "zero1", "zero2", "zero3", "zero3-offload"):
+        title = strategy_title(strategy, CPU_16)
+        assert title.endswith(" GiB; 1 process: adds nothing"), title
+        assert "memory" not in title and "fit" not in title, title
+        assert re.fullmatch(rf"{strategy} +micro-batch \d+, ~[\d.]+ GiB; .*", title), title
+    assert "adds nothing" not in strategy_title("single", CPU_16)
+    assert "of 13.6 usable" in strategy_instruction(CPU_16)
+
+
+def test_a_strategy_over_the_whole_gpu_does_not_fit_and_a_close_call_may_run_out():
+    ddp = strategy_title("ddp", H100S)
+    assert "micro-batch 1 + checkpointing" in ddp and ddp.endswith(" GiB; does not fit"), ddp
+    smallest = plan(partial_answers({**H100S, "gpu_memory_gb": 1.0, "strategy": "ddp"}))
+    peak = smallest.estimate.peak / GIB  # at micro-batch 1 with checkpointing
+    close = {**H100S, "gpu_memory_gb": round(peak / 0.92, 1)}  # over 85% usable, under 100%
+    title = strategy_title("ddp", close)
+    assert title.endswith(" GiB; may run out of memory"), title
+    fits = strategy_title("fsdp2", H100S)
+    assert "fit" not in fits and "memory" not in fits and "micro-batch" in fits, fits
+    offload = strategy_title("zero3-offload", {**H100S, "gpus_per_node": 2, "host_memory_gb": 64})
+    assert offload.endswith(" GiB; short of host memory"), offload
+
+
+@pytest.mark.parametrize("strategy", ["auto", "fsdp2"])
+def test_each_choice_shows_its_own_micro_batch(strategy):
+    planned = plan(partial_answers({**H100S, "strategy": strategy}))
+    micro = planned.settings["micro_batch_size"].value
+    assert f"micro-batch {micro}" in strategy_title(strategy, H100S)
