@@ -118,31 +118,36 @@ class Plan:
         return lines
 
     def memory_verdict(self) -> str:
-        """'' when the estimate fits the usable memory, or no memory was given. Else, since a
-        plan that does not fit is already at micro-batch 1 with activation checkpointing:
-        "does not fit" when it needs more than the device's whole memory ("short of host
-        memory": offloading, the node's), and "may run out of memory" when it needs only part
-        of the reserve that `usable` leaves (`USABLE_FRACTION`: the CUDA context,
-        fragmentation, NCCL), a close call."""
-        answers, estimate = self.answers, self.estimate
-        host = answers.host_memory_gb * GIB if answers.hardware == "cuda" else 0
-        for needed, usable, whole, verdicts in (
-            (
-                estimate.peak,
-                self.usable,
-                self.usable / USABLE_FRACTION[answers.hardware],
-                ("does not fit", "may run out of memory"),
-            ),
-            (
-                estimate.host,
-                host * USABLE_FRACTION["cpu"],
-                host,
-                ("short of host memory", "may run out of host memory"),
-            ),
-        ):
-            if usable and needed > usable:
-                return verdicts[0] if needed > whole else verdicts[1]
-        return ""
+        """`memory_verdict` of this plan's estimate: '' when it fits."""
+        return memory_verdict(self.answers, self.estimate)
+
+
+def memory_verdict(answers: Answers, estimate: Estimate) -> str:
+    """'' when `estimate` fits the usable memory, or no memory was given. Else, since a plan
+    that does not fit is already at micro-batch 1 with activation checkpointing: "does not
+    fit" when it needs more than the device's whole memory ("short of host memory":
+    offloading, the node's), and "may run out of memory" when it needs only part of the
+    reserve that `usable_bytes` leaves (`USABLE_FRACTION`: the CUDA context, fragmentation,
+    NCCL), a close call."""
+    device = usable_bytes(answers)
+    host = answers.host_memory_gb * GIB if answers.hardware == "cuda" else 0
+    for needed, usable, whole, verdicts in (
+        (
+            estimate.peak,
+            device,
+            device / USABLE_FRACTION[answers.hardware],
+            ("does not fit", "may run out of memory"),
+        ),
+        (
+            estimate.host,
+            host * USABLE_FRACTION["cpu"],
+            host,
+            ("short of host memory", "may run out of host memory"),
+        ),
+    ):
+        if usable and needed > usable:
+            return verdicts[0] if needed > whole else verdicts[1]
+    return ""
 
 
 def plan(answers: Answers) -> Plan:
@@ -458,9 +463,11 @@ def _choose_strategy(
                 "with NPROC_PER_NODE=N bash launch/torchrun.sh (on CPU it runs gloo)"
             )
         if not chosen.fits:
+            verdict = memory_verdict(answers, chosen.estimate)
+            verdict = verdict if verdict.startswith(("does", "may")) else f"is {verdict}"
             warnings.append(
-                f"strategy={answers.strategy} may run out of memory: even at micro-batch 1 with "
-                f"activation checkpointing, {_why_not(answers, chosen)} (usable: "
+                f"strategy={answers.strategy} {verdict}: even at micro-batch 1 with activation "
+                f"checkpointing, {_why_not(answers, chosen)} (usable: "
                 f"{gib(usable)} GiB of {where}){_auto_would(answers, precision)}"
             )
         reasons.append(f"strategy={answers.strategy}: as answered")

@@ -109,7 +109,7 @@ def test_forcing_single_on_a_small_gpu_warns_about_memory():
     tight = answers(
         hardware="cuda", gpu_arch="ampere", gpu_memory_gb=0.5, model_size="40M", strategy="single"
     )
-    assert "may run out of memory" in plan(tight).warnings[0]
+    assert "strategy=single does not fit" in plan(tight).warnings[0]
 
 
 def test_cpu_answers_reset_gpu_fields():

@@ -378,7 +378,7 @@ def test_plan_prints_each_decision_and_the_memory_table_and_writes_nothing(tmp_p
     assert list(tmp_path.iterdir()) == [tmp_path / "bin"], "nothing written"
     forced = run_scaffold("plan", "--defaults", *data, "--data", "host_memory_gb=1024",
                           "--data", "strategy=ddp", cwd=tmp_path, env=env)  # fmt: skip
-    assert forced.returncode == 0 and "may run out of memory" in forced.stderr
+    assert forced.returncode == 0 and "strategy=ddp does not fit" in forced.stderr
 
 
 @pytest.mark.parametrize("where", ["new-folder-inside", "existing-folder-with-force"])

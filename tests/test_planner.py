@@ -199,7 +199,7 @@ def test_a_risky_override_is_accepted_with_a_warning_that_gives_the_numbers():
     planned = plan(answers(**H100S, model_size="7B", strategy="ddp"))
     assert planned.answers.strategy == "ddp"
     (warning,) = planned.warnings
-    assert "may run out of memory" in warning and "usable: 68.0 GiB" in warning
+    assert "strategy=ddp does not fit" in warning and "usable: 68.0 GiB" in warning
     assert "strategy=auto would choose fsdp2" in warning
 
 

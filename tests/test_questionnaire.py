@@ -85,6 +85,8 @@ def test_a_strategy_over_the_whole_gpu_does_not_fit_and_a_close_call_may_run_out
     close = {**H100S, "gpu_memory_gb": round(peak / 0.92, 1)}  # over 85% usable, under 100%
     title = strategy_title("ddp", close)
     assert title.endswith(" GiB; may run out of memory"), title
+    (warning,) = plan(partial_answers({**close, "strategy": "ddp"})).warnings
+    assert warning.startswith("strategy=ddp may run out of memory: even at micro-batch 1"), warning
     fits = strategy_title("fsdp2", H100S)
     assert "fit" not in fits and "memory" not in fits and "micro-batch" in fits, fits
     offload = strategy_title("zero3-offload", {**H100S, "gpus_per_node": 2, "host_memory_gb": 64})

@@ -399,7 +399,7 @@ def test_a_new_model_size_is_re_planned_and_a_recorded_strategy_that_no_longer_f
     render_variant("lm-ddp-bf16", project, init_git=True)
     result = run_scaffold("update", str(project), "--data", "model_size=7B", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "strategy=ddp may run out of memory" in result.stderr
+    assert "strategy=ddp does not fit" in result.stderr
     assert "strategy=auto would choose fsdp2" in result.stderr
     toml = (project / "configs" / "train.toml").read_text()
     assert "block_size = 2048" in toml and "lr = 1.2e-4" in toml
