@@ -34,6 +34,7 @@ class Question:
     renderable: tuple[str, ...] = ()  # subset of choices the template renders now; () for all
     only_for_cuda: bool = False
     maximum: float | None = None  # the largest number accepted
+    positive: bool = False  # 0 cannot be the answer where the question is asked
     beyond: str = ""  # why a larger number cannot be right, for the refusal
     example: str = ""  # a valid answer for hints, where the default is not one everywhere
     takes: str = ""  # the values a text answer takes, in words
@@ -50,6 +51,8 @@ class Question:
             return "true | false"
         if self.takes:
             return self.takes
+        if self.positive and self.maximum:
+            return f"more than 0 and at most {self.maximum:,g}"
         low = "1" if self.kind is int else "0"
         return f"{low} to {self.maximum:,g}" if self.maximum else KIND_NAMES[self.kind]
 
@@ -111,7 +114,8 @@ QUESTIONS: tuple[Question, ...] = (
         0.0,
         only_for_cuda=True,
         maximum=1024,
-        beyond="more than any GPU has (the largest: 288 GB, MI355X)",
+        positive=True,
+        beyond="more than any GPU has (the largest, NVIDIA's B300 and AMD's MI355X: 268 GiB)",
         example="79.6",
     ),
     Question(
@@ -128,7 +132,7 @@ QUESTIONS: tuple[Question, ...] = (
         "Model size in parameters (e.g. 100K, 10M)",
         str,
         "100K",
-        takes="a parameter count: a number with an optional K, M or B, e.g. 100K, 2.5M, 7B, 1e6",
+        takes="a parameter count: a number with an optional K, M, B or T, e.g. 100K, 2.5M, 7B, 1e6",
     ),
     Question(
         "framework",
@@ -219,11 +223,11 @@ WINDOWS_DEVICE_NAMES = frozenset(
 PROJECT_NAME_MAX = 100  # the package folder and its .dist-info must fit a 255-byte file name
 PROJECT_NAME = re.compile(r"[A-Za-z]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 KIND_NAMES = {str: "text", int: "a whole number", float: "a number", bool: "true or false"}
-MODEL_SIZE = re.compile(r"(\d+(?:\.\d+)?(?:E\d{1,2})?)([KMB]?)")
-MODEL_SIZE_SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9}
-# Read only to refuse, with what to answer instead: the rendered project's config knows K, M and
-# B (`_refuse_larger_suffix`).
-MODEL_SIZE_TOO_LARGE = re.compile(r"(\d+(?:\.\d+)?(?:E\d{1,2})?)([TP])")
+MODEL_SIZE = re.compile(r"(\d+(?:\.\d+)?(?:E\d{1,2})?)([KMBT]?)")
+MODEL_SIZE_SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
+# Read only to refuse as too large, with the largest model the examples render: the rendered
+# project's config knows K, M, B and T (`_refuse_petascale`).
+MODEL_SIZE_TOO_LARGE = re.compile(r"(\d+(?:\.\d+)?(?:E\d{1,2})?)P")
 
 
 @dataclass(frozen=True)
@@ -359,12 +363,12 @@ def parse_model_size(text: str) -> int:
 
     Raises:
         AnswerError: not a whole number of parameters of at least 1, written as a number with
-            an optional exponent and an optional K, M or B suffix; a T or P suffix is refused
+            an optional exponent and an optional K, M, B or T suffix; a P suffix is refused
             as too large, with the largest model the examples render.
     """
     larger = MODEL_SIZE_TOO_LARGE.fullmatch(text.strip().upper())
     if larger:
-        _refuse_larger_suffix(text, decimal.Decimal(larger.group(1)), larger.group(2))
+        _refuse_petascale(text)
     match = MODEL_SIZE.fullmatch(text.strip().upper())
     count = decimal.Decimal(match.group(1)) * MODEL_SIZE_SUFFIXES[match.group(2)] if match else 0
     if count < 1 or count != count.to_integral_value():
@@ -375,21 +379,17 @@ def parse_model_size(text: str) -> int:
     return int(count)
 
 
-def _refuse_larger_suffix(text: str, number: decimal.Decimal, suffix: str) -> None:
-    """Refuse a T or P model size: too large, or (below the largest model) to be written in B."""
+def _refuse_petascale(text: str) -> None:
+    """Refuse a P model size as too large, naming the largest model the examples render."""
     from scaffold.recipes import GPT3_CONTEXT
     from scaffold.shapes import largest_decoder
 
     largest = largest_decoder(GPT3_CONTEXT).params
-    count = number * {"T": 10**12, "P": 10**15}[suffix]
-    if count > largest:
-        raise AnswerError(
-            f"model_size {text!r} is too large: the largest model the examples render has "
-            f"{largest:,} parameters (the language model; the digits CNN: 50M); answer at "
-            f"most {largest // 10**9}B"
-        )
-    billions = format((count / 10**9).normalize(), "f")
-    raise AnswerError(f"model_size {text!r}: write it with K, M or B, as {billions}B")
+    raise AnswerError(
+        f"model_size {text!r} is too large: the largest model the examples render has "
+        f"{largest:,} parameters (the language model; the digits CNN: 50M); answer at most "
+        f"{largest // 10**9}B"
+    )
 
 
 def parse_data_pairs(pairs: list[str]) -> dict[str, str]:

@@ -116,6 +116,7 @@ def answer_keys_help() -> str:
     for question in QUESTIONS:
         default = "DEST's name" if question.default is None else str(question.default)
         default = default.lower() if question.kind is bool else default
+        default = "none" if question.positive and not question.default else default
         cuda = "; hardware=cuda only" if question.only_for_cuda else ""
         lines.append(f"  {question.key:<15} {question.prompt} (default {default}{cuda})")
         lines.append(f"  {'':<15}   {question.accepted()}")
@@ -219,11 +220,21 @@ def _print_next_steps(answers: Answers, dest: Path) -> None:
     if not (dest / ".git").is_dir():
         print(f"  (not committed: {dest} was not empty; review the files with git or diff)")
     print(f"  cd {dest} && python -m venv .venv && . .venv/bin/activate")
-    print("  pip install -e '.[dev]' && pytest")
+    for command in install_commands(answers):
+        print(f"  {command}")
+    print("  pytest")
     launches = launch_commands(answers)
     width = max(len(command) for command, _ in launches) + 2
     for command, what in launches:
         print(f"  {command:<{width}}# {what}")
+
+
+def install_commands(answers: Answers) -> list[str]:
+    """The project's install, as its README's quick start gives it: on a CPU, torch from
+    PyTorch's CPU wheel index first (PyPI's Linux torch is the CUDA build: GBs the project
+    never loads), then the project with its dev extra."""
+    cpu_torch = ["pip install torch --index-url https://download.pytorch.org/whl/cpu"]
+    return [*(cpu_torch if answers.hardware == "cpu" else []), 'pip install -e ".[dev]"']
 
 
 def launch_commands(answers: Answers) -> list[tuple[str, str]]:

@@ -122,6 +122,14 @@ class Plan:
         return memory_verdict(self.answers, self.estimate)
 
 
+def gains_nothing_on_one_process(answers: Answers) -> bool:
+    """True for a multi-process strategy launched as one process: DDP has no peer to average
+    with, and FSDP2 and ZeRO have none to shard over. ZeRO-3 with offload on a GPU still moves
+    the model's state to host memory, which is what lets a model too large for one GPU train."""
+    offloads = answers.strategy == "zero3-offload" and answers.hardware == "cuda"
+    return answers.world_size == 1 and answers.strategy != "single" and not offloads
+
+
 def memory_verdict(answers: Answers, estimate: Estimate) -> str:
     """'' when `estimate` fits the usable memory, or no memory was given. Else, since a plan
     that does not fit is already at micro-batch 1 with activation checkpointing: "does not
@@ -457,7 +465,7 @@ def _choose_strategy(
     where = _device_words(answers)
     if answers.strategy != "auto":
         chosen = fit(answers, answers.strategy, precision, shape, recipe)
-        if answers.strategy != "single" and answers.world_size == 1:
+        if gains_nothing_on_one_process(answers):
             warnings.append(
                 f"strategy={answers.strategy} with one process adds nothing on its own; launch "
                 "with NPROC_PER_NODE=N bash launch/torchrun.sh (on CPU it runs gloo)"

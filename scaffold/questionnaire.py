@@ -13,6 +13,8 @@ typed answer); it returns to the previous question, offering the answer given th
 
 from __future__ import annotations
 
+import shutil
+import textwrap
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,7 +29,7 @@ from scaffold.answers import (
     package_name_for,
 )
 from scaffold.memory import gib
-from scaffold.planner import check, partial_answers, plan
+from scaffold.planner import check, gains_nothing_on_one_process, partial_answers, plan
 
 BACK = "<"  # typed at a text prompt; also the value of the `← back` choice
 BACK_TITLE = "← back"
@@ -103,7 +105,7 @@ def strategy_title(value: str, known: Mapping[str, Any]) -> str:
     batch = f"micro-batch {settings['micro_batch_size'].value}{checkpointing}"
     picked = f"{result.answers.strategy}: " if value == "auto" else ""
     notes = [result.memory_verdict()]
-    if result.answers.strategy != "single" and result.answers.world_size == 1:
+    if gains_nothing_on_one_process(result.answers):
         notes.append("1 process: adds nothing")
     shown = "".join(f"; {note}" for note in notes if note)
     width = max(len(choice) for choice in QUESTION_BY_KEY["strategy"].choices)
@@ -135,13 +137,34 @@ def _ask_one(question: Question, default: Any, known: Mapping[str, Any], first: 
         ).unsafe_ask()
     if question.choices:
         return _select(question, default, known, back, instruction)
-    typed = questionary.text(
-        question.prompt,
-        default="" if default is None else str(default),
-        validate=lambda text: _validate(question, text, known, first),
-        instruction=FIRST_INSTRUCTION["text"] if first else None,
-    ).unsafe_ask()
-    return BACK if typed.strip() == BACK else coerce(question, typed)
+    if default is None or (question.positive and not default):
+        default = ""  # nothing to offer: a probe that found no GPU gives 0, which is refused
+    return _ask_text(question, str(default), known, first)
+
+
+def _ask_text(question: Question, default: str, known: Mapping[str, Any], first: bool) -> Any:
+    """A typed answer, refused until it can work. The refusal is shown under the prompt while
+    the answer is typed, in the one line prompt_toolkit gives it; one longer than the terminal
+    is wide would lose its end, which says what to answer, so it is printed whole once Enter
+    is pressed, and the question is asked again with the typed answer."""
+    width = shutil.get_terminal_size().columns
+
+    def under_the_prompt(text: str) -> bool | str:
+        refusal = _refusal(question, text, known, first)
+        return True if refusal is None or len(refusal) >= width else refusal
+
+    while True:
+        typed = questionary.text(
+            question.prompt,
+            default=default,
+            validate=under_the_prompt,
+            instruction=FIRST_INSTRUCTION["text"] if first else None,
+        ).unsafe_ask()
+        refusal = _refusal(question, typed, known, first)
+        if refusal is None:
+            return BACK if typed.strip() == BACK else coerce(question, typed)
+        print(textwrap.fill(refusal, width, initial_indent="  ! ", subsequent_indent="    "))
+        default = typed
 
 
 def _select(
@@ -170,15 +193,15 @@ def _select(
     ).unsafe_ask()
 
 
-def _validate(question: Question, text: str, known: Mapping[str, Any], first: bool) -> bool | str:
-    """questionary's validator: True, or the message shown under the prompt."""
+def _refusal(question: Question, text: str, known: Mapping[str, Any], first: bool) -> str | None:
+    """Why `text` cannot be the answer to `question` after the answers `known`, or None."""
     if text.strip() == BACK:
-        return True if not first else "this is the first question; there is none to go back to"
+        return None if not first else "this is the first question; there is none to go back to"
     try:
         if question.key == "project_name":
             package_name_for(text)
-            return True
+            return None
         check({**known, question.key: coerce(question, text)})
     except AnswerError as error:
         return str(error)
-    return True
+    return None

@@ -146,7 +146,7 @@ def rendered_parse_param_count():
 
 
 MODEL_SIZES = ["100K", "1.5m", "7B", "4096", "1e6", "2.5E3K", " 10M ", "1"]
-MODEL_SIZES += ["0.5", "0.0001K", "-1", "", "1.5", "ten", "1e999", "0", "1KB", "nan"]
+MODEL_SIZES += ["0.5", "0.0001K", "-1", "", "1.5", "ten", "1e999", "0", "1KB", "nan", "1.2T"]
 
 
 @pytest.mark.parametrize("text", MODEL_SIZES)
@@ -222,17 +222,17 @@ def test_accelerate_with_fp16_is_refused_and_auto_on_volta_picks_fp32():
     assert "does not render fp16" in resolved.reasons[0]
 
 
-def test_a_size_in_trillions_is_too_large_or_written_in_billions():
-    """The rendered project reads K, M and B only: T is refused, as too large (with the largest
-    model the examples render) or, below that, with the same size in B."""
+def test_a_size_in_trillions_is_read_and_one_in_quadrillions_is_too_large():
+    """The README gives the decoder's limit as 1.2T: T is a suffix like B (the rendered config
+    reads it too: `MODEL_SIZES`), and P is refused with the largest model the examples render."""
     from scaffold.recipes import GPT3_CONTEXT
     from scaffold.shapes import largest_decoder
 
+    assert parse_model_size("1.2T") == 1_200_000_000_000
+    assert parse_model_size("0.5t") == 500_000_000_000
     largest = largest_decoder(GPT3_CONTEXT).params
-    with pytest.raises(AnswerError, match=rf"'10T' is too large: .* has {largest:,} parameters"):
-        parse_model_size("10T")
-    with pytest.raises(AnswerError, match="'0.5t': write it with K, M or B, as 500B$"):
-        parse_model_size("0.5t")
+    with pytest.raises(AnswerError, match=rf"'1P' is too large: .* has {largest:,} parameters"):
+        parse_model_size("1P")
 
 
 @pytest.mark.parametrize(

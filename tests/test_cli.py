@@ -113,12 +113,12 @@ BAD_INPUTS = {
     "huge-model": (["x", "--defaults", "--data", "model_size=7B"], "too large"),
     "trillions": (
         ["x", "--defaults", "--data", "task=language-model", "--data", "model_size=10T"],
-        "model_size '10T' is too large: the largest model the examples render has",
+        "model_size=10T is more than the largest decoder the example renders",
     ),
     "absurd-gpu-memory": (
         ["x", "--defaults", "--data", "hardware=cuda", "--data", "gpu_memory_gb=1e9"],
-        "gpu_memory_gb=1e9 is more than any GPU has (the largest: 288 GB, MI355X); answer 0 to "
-        "1,024",
+        "gpu_memory_gb=1e9 is more than any GPU has (the largest, NVIDIA's B300 and AMD's MI355X: "
+        "268 GiB); answer more than 0 and at most 1,024",
     ),
     "absurd-host-memory": (
         ["x", "--defaults", "--data", "host_memory_gb=1e7"],
@@ -449,6 +449,22 @@ def test_the_next_steps_launch_each_plan_with_a_launcher_its_project_has(variant
         assert (sample / script).is_file(), script
 
 
+@pytest.mark.parametrize("variant", ["cpu-single-fp32", "mps-single-fp32", "cuda-single-bf16"])
+def test_the_next_steps_install_as_the_readme_does(variant):
+    """A CPU project's printed steps installed PyPI's torch, the multi-GB CUDA build, while its
+    README took the CPU index: each printed install command is the README's."""
+    from scaffold.answers import build_answers, merge_sources
+    from scaffold.cli import install_commands
+    from scaffold.variants import VARIANTS
+
+    answers = build_answers(merge_sources(VARIANTS[variant], {"project_name": variant}))
+    commands = install_commands(answers)
+    readme = (REPO_ROOT / "generated_samples" / variant / "README.md").read_text()
+    lines = [line.split("  #")[0].strip() for line in readme.splitlines()]
+    assert all(command in lines for command in commands), commands
+    assert any("whl/cpu" in command for command in commands) == (variant.startswith("cpu"))
+
+
 def test_new_help_lists_every_answer_key_with_the_values_it_takes(tmp_path):
     from scaffold.answers import QUESTIONS
 
@@ -460,5 +476,5 @@ def test_new_help_lists_every_answer_key_with_the_values_it_takes(tmp_path):
         assert question.prompt in entry.group(1), question.key
         for value in question.renderable or question.choices:
             assert value in entry.group(2).split(" | "), (question.key, value)
-    assert re.search(r"^  gpu_memory_gb .*\n +0 to 1,024$", keys, re.MULTILINE)
+    assert re.search(r"^  gpu_memory_gb .*\n +more than 0 and at most 1,024$", keys, re.MULTILINE)
     assert re.search(r"^  strategy .*\(default auto\)", keys, re.MULTILINE)

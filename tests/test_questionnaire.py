@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
 
 from scaffold import questionnaire
+from scaffold.answers import QUESTION_BY_KEY
 from scaffold.memory import GIB
 from scaffold.planner import partial_answers, plan
 from scaffold.questionnaire import BACK, ask, strategy_instruction, strategy_title
@@ -90,6 +92,10 @@ def test_a_strategy_over_the_whole_gpu_does_not_fit_and_a_close_call_may_run_out
     fits = strategy_title("fsdp2", H100S)
     assert "fit" not in fits and "memory" not in fits and "micro-batch" in fits, fits
     offload = strategy_title("zero3-offload", {**H100S, "gpus_per_node": 2, "host_memory_gb": 64})
+    one_gpu = {**H100S, "model_size": "2B", "gpus_per_node": 1, "gpu_memory_gb": 24}
+    auto = strategy_title("auto", {**one_gpu, "host_memory_gb": 128})  # offload alone fits
+    assert "zero3-offload: " in auto and "adds nothing" not in auto, auto
+    assert "adds nothing" in strategy_title("zero3", one_gpu)
     assert offload.endswith(" GiB; short of host memory"), offload
 
 
@@ -98,3 +104,39 @@ def test_each_choice_shows_its_own_micro_batch(strategy):
     planned = plan(partial_answers({**H100S, "strategy": strategy}))
     micro = planned.settings["micro_batch_size"].value
     assert f"micro-batch {micro}" in strategy_title(strategy, H100S)
+
+
+def test_a_refusal_longer_than_the_terminal_is_printed_whole(monkeypatch, capsys):
+    """The line under a prompt is cut at the terminal's width, and the end of a refusal says
+    what to answer: a longer one is printed whole after Enter, and the question asked again
+    with what was typed; a shorter one stays under the prompt."""
+    offered, shown = [], []
+
+    def ask_text(columns: int, typed: list[str]) -> object:
+        replies = iter(typed)
+
+        class Prompt:
+            def __init__(self, prompt, default, validate, instruction):
+                offered.append(default)
+                self.validate = validate
+
+            def unsafe_ask(self):
+                text = next(replies)
+                shown.append(self.validate(text))
+                return text
+
+        monkeypatch.setattr(questionnaire.questionary, "text", Prompt)
+        size = os.terminal_size((columns, 24))
+        monkeypatch.setattr(questionnaire.shutil, "get_terminal_size", lambda: size)
+        known = {"task": "language-model", "hardware": "cpu"}
+        return questionnaire._ask_text(QUESTION_BY_KEY["model_size"], "100K", known, False)
+
+    assert ask_text(80, ["10T", "1B"]) == "1B"
+    printed = " ".join(capsys.readouterr().out.split())
+    assert printed.startswith("! model_size=10T is more than the largest decoder"), printed
+    assert printed.endswith("put your own model in model.py"), printed
+    assert offered == ["100K", "10T"], "asked again with what was typed"
+    assert shown == [True, True], "nothing cut under the prompt"
+    shown.clear()
+    assert ask_text(300, ["10T", "1B"]) == "1B"
+    assert "more than the largest decoder" in shown[0] and shown[1] is True

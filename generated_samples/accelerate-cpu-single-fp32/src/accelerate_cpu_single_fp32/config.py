@@ -132,8 +132,8 @@ LOGGERS = ("none", "wandb")
 
 TYPE_NAMES = {int: "a whole number", float: "a number", bool: "true or false", str: "a string"}
 
-PARAM_COUNT = re.compile(r"(\d+(?:\.\d+)?(?:E\d{1,2})?)([KMB]?)")
-PARAM_SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9}
+PARAM_COUNT = re.compile(r"(\d+(?:\.\d+)?(?:E\d{1,2})?)([KMBT]?)")
+PARAM_SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
 
 
 def parse_param_count(size: str) -> int:
@@ -144,7 +144,7 @@ def parse_param_count(size: str) -> int:
 
     Raises:
         ValueError: not a whole number of parameters of at least 1, written as a number with
-            an optional exponent and an optional K, M or B suffix.
+            an optional exponent and an optional K, M, B or T suffix.
     """
     match = PARAM_COUNT.fullmatch(size.strip().upper())
     count = decimal.Decimal(match.group(1)) * PARAM_SUFFIXES[match.group(2)] if match else 0
