@@ -36,7 +36,7 @@ BACK_TITLE = "← back"
 # Said once, at the first question asked: how to go back from the later ones.
 FIRST_INSTRUCTION = {
     "select": "(arrow keys; later questions have '← back' to return to the previous one)",
-    "text": "(type < at a later question to go back to the previous one)",
+    "text": "(later, '← back' in a list or < typed goes back to the previous question)",
 }
 
 

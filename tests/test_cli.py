@@ -286,7 +286,7 @@ def test_interactive_prompts_with_a_pseudo_terminal(tmp_path):
         child.send(keys + "\r")
 
     child.expect("Project name")
-    answer("type < at a later question to go back")  # told at the first question
+    answer("'← back' in a list or < typed goes back")  # told at the first question
     answer("Example task")
     answer("Hardware", UP)  # cpu -> (wraps around to) ← back
     answer("Example task")  # asked again
