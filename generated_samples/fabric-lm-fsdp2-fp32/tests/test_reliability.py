@@ -267,13 +267,15 @@ CONFIG_FILE = ["--config", str(PROJECT_ROOT / "configs" / "train.toml")]
 
 
 @pytest.mark.parametrize("made", [False, True], ids=["missing", "empty"])
-def test_a_resume_where_no_run_started_is_refused_in_one_line(tmp_path, made):
+def test_a_resume_where_no_run_started_is_refused_in_one_line(tmp_path, monkeypatch, made):
     """A mistyped run_dir under --resume trained a whole run from scratch: it is refused in one
     line that names the folder and the way out, on the command line and through the API."""
     run_dir = tmp_path / "runs" / "nonexistent3b"
     if made:
         run_dir.mkdir(parents=True)
     before = sorted(tmp_path.rglob("*"))
+    # main leaves the process group on its way out; later tests share this process's group.
+    monkeypatch.setattr("fabric_lm_fsdp2_fp32.train.shutdown_runtime", lambda runtime: None)
     with pytest.raises(SystemExit) as exited:
         main([*CONFIG_FILE, *TEST_OVERRIDES, "device=cpu", "--resume", f"run_dir='{run_dir}'"])
     message = str(exited.value.code)  # a set-up error's one line, exit status 1
