@@ -1,4 +1,5 @@
-"""Run under torchrun by test_distributed.py: train with the key=value settings given, then
+"""Started on each rank by test_distributed.py (by hand: `torchrun --nproc-per-node=2
+tests/rank_probe.py CONFIG RUN_DIR KEY=VALUE...`): train with the key=value settings given, then
 save this rank's flattened parameters (the test compares the ranks bitwise) and what ran, as
 seen from inside the run: the world size, the wrappers around the model, the share of each
 parameter this rank stores, and the dtypes the layers computed in."""
@@ -74,5 +75,10 @@ def main(config_path: str, run_dir: str, *overrides: str) -> None:
     shutdown_runtime(runtime)
 
 
-if __name__ == "__main__":
+def run_from_command_line() -> None:
+    """`rank_probe.py CONFIG RUN_DIR KEY=VALUE...`, the arguments in sys.argv."""
     main(*sys.argv[1:])
+
+
+if __name__ == "__main__":
+    run_from_command_line()

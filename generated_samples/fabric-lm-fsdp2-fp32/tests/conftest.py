@@ -7,7 +7,6 @@ import json
 import os
 import struct
 import subprocess
-import sys
 import time
 import zlib
 from pathlib import Path
@@ -21,6 +20,9 @@ from fabric_lm_fsdp2_fp32.checkpoint import LAST_WEIGHTS_FILE
 from fabric_lm_fsdp2_fp32.config import Config, load_config
 from fabric_lm_fsdp2_fp32.plot import DPI, FIGURE_INCHES
 from fabric_lm_fsdp2_fp32.runtime import Runtime, init_runtime
+from fabric_lm_fsdp2_fp32.train import main as train_main
+
+import launcher
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # A smaller model and data for the tests: the example's defaults would take minutes on a CPU.
@@ -33,8 +35,14 @@ TEST_SETTINGS |= {"micro_batch_size": 32, "grad_accum_steps": 1, "lr": 2e-3, "wa
 TEST_SETTINGS |= {"activation_checkpointing": False}
 # Ranks draw their own dropout: off where runs of 1 and 2 processes compare.
 RANDOMNESS_OFF = ["dropout=0.0"]
+# Libraries a run imports besides the project's modules (tests/launcher.py preloads them).
+RUN_IMPORTS: list[str] = []
 
 TEST_OVERRIDES = [f"{key}={json.dumps(value)}" for key, value in TEST_SETTINGS.items()]
+# What a training run imports, on its way too (the first optimizer step imports torch._dynamo):
+# imported once, by the launcher's server.
+RUN_IMPORTS += ["fabric_lm_fsdp2_fp32.train", "torch._dynamo", "torch.utils.tensorboard"]
+launcher.preload([*RUN_IMPORTS, "matplotlib.figure"])
 
 
 @pytest.fixture
@@ -55,17 +63,21 @@ def config(tmp_path: Path, runtime: Runtime) -> Config:
     return config_for_tests(tmp_path / "run")
 
 
-def training_command(*args: str) -> tuple[list[str], dict[str, str]]:
-    """The command line and environment of the training entry point (`python -m
-    <package>.train`) with ARGS, TEST_SETTINGS applied first; run it from PROJECT_ROOT."""
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
-    return [sys.executable, "-m", "fabric_lm_fsdp2_fp32.train", *TEST_OVERRIDES, *args], env
+def training_env() -> dict[str, str]:
+    """The environment of a training run: this process's, with the project's `src` importable
+    by the processes the run starts."""
+    return {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
+
+
+def start_training(*args: str) -> launcher.Launched:
+    """The training entry point (`python -m <package>.train`) with ARGS, TEST_SETTINGS applied
+    first, started in a fresh process (`launcher.start`) in PROJECT_ROOT."""
+    return launcher.start(train_main, *TEST_OVERRIDES, *args, cwd=PROJECT_ROOT, env=training_env())
 
 
 def run_training(*args: str) -> subprocess.CompletedProcess:
-    """The training entry point with ARGS in a fresh interpreter (`training_command`)."""
-    command, env = training_command(*args)
-    result = subprocess.run(command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True)
+    """`start_training` with ARGS, waited for; fails the test unless it exits with 0."""
+    result = launcher.run(train_main, *TEST_OVERRIDES, *args, cwd=PROJECT_ROOT, env=training_env())
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -76,7 +88,7 @@ def logged_records(run_dir: Path, kind: str | None = None) -> list[dict]:
     return [record for record in map(json.loads, lines) if kind in (None, record["kind"])]
 
 
-def wait_for_train_step(process: subprocess.Popen, run_dir: Path, step: int, seconds: float):
+def wait_for_train_step(process: launcher.Launched, run_dir: Path, step: int, seconds: float):
     """Return once the run `process` writes in `run_dir` has logged train step `step` or a later
     one; fail if the process ends first or `seconds` pass."""
     deadline = time.monotonic() + seconds

@@ -1,4 +1,5 @@
-"""Run under torchrun by test_distributed.py: train with the key=value settings given, then
+"""Started on each rank by test_distributed.py (by hand: `torchrun --nproc-per-node=2
+tests/rank_probe.py CONFIG RUN_DIR KEY=VALUE...`): train with the key=value settings given, then
 save this rank's flattened parameters (the test compares the ranks bitwise) and what ran, as
 seen from inside the run: the world size, the wrappers around the model, the share of each
 parameter this rank stores, and the dtypes the layers computed in.
@@ -116,8 +117,13 @@ def setup_memory(config_path: str, run_dir: str, *overrides: str) -> None:
     shutdown_runtime(runtime)
 
 
-if __name__ == "__main__":
+def run_from_command_line() -> None:
+    """`rank_probe.py [--setup-only] CONFIG RUN_DIR KEY=VALUE...`, the arguments in sys.argv."""
     if sys.argv[1] == "--setup-only":
         setup_memory(*sys.argv[2:])
     else:
         main(*sys.argv[1:])
+
+
+if __name__ == "__main__":
+    run_from_command_line()

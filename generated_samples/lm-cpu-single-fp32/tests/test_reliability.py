@@ -31,7 +31,7 @@ from conftest import (
     config_for_tests,
     exported_weights,
     logged_records,
-    training_command,
+    start_training,
     wait_for_train_step,
 )
 
@@ -128,17 +128,14 @@ def test_a_stopped_run_with_loader_workers_exits(tmp_path):
     """The workers ignore the stop signals (the run decides when to stop): its exit must still
     end them. Before, a run stopped mid-epoch saved its checkpoint, then waited for good."""
     run_dir = tmp_path / "run"
-    command, env = training_command(
+    with start_training(
         "device=cpu", "num_workers=2", "log_every=1", f"run_dir='{run_dir.as_posix()}'"
-    )
-    options = {"cwd": PROJECT_ROOT, "env": env, "stderr": subprocess.PIPE, "text": True}
-    with subprocess.Popen(command, start_new_session=True, **options) as run:
+    ) as run:
         wait_for_train_step(run, run_dir, 1, seconds=120)
         run.send_signal(signal.SIGTERM)
         try:
             stderr = run.communicate(timeout=60)[1]
-        except subprocess.TimeoutExpired:
-            os.killpg(run.pid, signal.SIGKILL)  # the workers too
+        except subprocess.TimeoutExpired:  # leaving the `with` kills it, the workers too
             pytest.fail("the stopped run did not exit within 60 s")
     assert run.returncode == PREEMPTED_EXIT_CODE, stderr[-3000:]
     assert "stopped by SIGTERM" in stderr

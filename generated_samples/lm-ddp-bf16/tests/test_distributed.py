@@ -13,7 +13,8 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,10 @@ from lm_ddp_bf16.engine import COMPUTE_DTYPE
 from lm_ddp_bf16.model import build_model
 from lm_ddp_bf16.runtime import init_runtime
 from lm_ddp_bf16.train import Trainer
+from lm_ddp_bf16.train import main as train_main
 
+import launcher
+import rank_probe
 from conftest import (
     RANDOMNESS_OFF,
     TEST_OVERRIDES,
@@ -43,7 +47,7 @@ COMPARABLE = [*RANDOMNESS_OFF, "log_every=1", "grad_accum_steps=2", "epochs=1"]
 
 
 def short_tmpdir() -> Path:
-    """A short TMPDIR for torchrun and its workers. torchrun leaves torchelastic_* folders
+    """A short TMPDIR for the ranks and torchrun. torchrun leaves torchelastic_* folders
     there, and DataLoader workers pass tensors over Unix sockets bound under it: a socket path
     over 108 bytes fails inside the worker's queue thread and the loader waits forever (seen
     with pytest's deep tmp_path)."""
@@ -65,27 +69,53 @@ def launcher_env(scratch: Path) -> dict[str, str]:
     return {**os.environ, **env, "PATH": path}
 
 
-def run(command: list[str], env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
-    """`command` from the project root, its output captured, stopped after `timeout` s."""
-    options = {"capture_output": True, "text": True, "timeout": timeout}
-    return subprocess.run(command, cwd=PROJECT_ROOT, env=env, **options)
+def rank_env(rank: int, nproc: int, port: int, scratch: Path) -> dict[str, str]:
+    """The variables torchrun gives process `rank` of `nproc` on one node (torch.distributed.run's
+    docs, "Environment Variables"), on top of `launcher_env`."""
+    ranks = {"RANK": rank, "LOCAL_RANK": rank, "ROLE_RANK": rank, "GROUP_RANK": 0}
+    sizes = {"WORLD_SIZE": nproc, "LOCAL_WORLD_SIZE": nproc, "ROLE_WORLD_SIZE": nproc}
+    where = {"GROUP_WORLD_SIZE": 1, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+    return launcher_env(scratch) | {
+        key: str(value) for key, value in (ranks | sizes | where).items()
+    }
 
 
-def torchrun(
-    scratch: Path, nproc: int, *args: str, timeout: int = 600
-) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += [f"--nproc-per-node={nproc}", "-m", "lm_ddp_bf16.train", "device=cpu"]
-    command += [*TEST_OVERRIDES, *args]
-    env = launcher_env(scratch)
-    try:
-        result = run(command, env, timeout)
-    except subprocess.TimeoutExpired as expired:  # show where it hung
-        stderr = expired.stderr or b""
-        stderr = stderr.decode() if isinstance(stderr, bytes) else stderr
-        pytest.fail(f"timed out; stderr so far:\n{stderr[-4000:]}")
-    assert result.returncode == 0, result.stderr[-4000:]
-    return result
+def start_ranks(
+    entry: Callable[[], object], nproc: int, *argv: str, scratch: Path
+) -> list[launcher.Launched]:
+    """`entry` (e.g. `<package>.train.main`) with `argv` in `nproc` processes of one group, as
+    `torchrun --standalone --nproc-per-node=NPROC` starts them, each forked from the launcher's
+    server: ~0.1 s a process instead of torchrun's agent and a new interpreter per rank."""
+    port = free_port()
+    env = [rank_env(rank, nproc, port, scratch) for rank in range(nproc)]
+    return [launcher.start(entry, *argv, cwd=PROJECT_ROOT, env=env[rank]) for rank in range(nproc)]
+
+
+def wait_for_ranks(ranks: list[launcher.Launched], timeout: float, check: bool = True) -> str:
+    """Wait until every rank has exited and return their stderr, rank by rank. Fails the test
+    if one still runs after `timeout` s (all are killed: one waits in a collective), and with
+    `check` unless all exit with 0: a rank that fails ends the others at once, as torchrun does,
+    since they would wait for it in a collective."""
+    deadline = time.monotonic() + timeout
+    while any(rank.poll() is None for rank in ranks) and time.monotonic() < deadline:
+        if check and any(rank.poll() not in (None, 0) for rank in ranks):
+            break
+        time.sleep(0.05)
+    hung = time.monotonic() >= deadline and any(rank.poll() is None for rank in ranks)
+    stderr = "".join(f"[rank {index}]\n{rank.printed()[1]}" for index, rank in enumerate(ranks))
+    for rank in ranks:
+        rank.close()
+    assert not hung, f"a rank still ran after {timeout} s; stderr so far:\n{stderr[-4000:]}"
+    statuses = [rank.returncode for rank in ranks]
+    assert not check or statuses == [0] * len(ranks), f"exit statuses {statuses}:\n{stderr[-4000:]}"
+    return stderr
+
+
+def run_ranks(scratch: Path, nproc: int, *args: str, timeout: float = 600) -> str:
+    """The training entry point with TEST_SETTINGS and ARGS on `nproc` processes (`start_ranks`)
+    until they end; their stderr. Fails the test unless every rank exits with 0."""
+    argv = ["device=cpu", *TEST_OVERRIDES, *args]
+    return wait_for_ranks(start_ranks(train_main, nproc, *argv, scratch=scratch), timeout)
 
 
 def latest_checkpoint(run_dir: Path) -> dict:
@@ -103,19 +133,19 @@ def tolerance() -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def two_process_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One 2-process launch of tests/rank_probe.py, which trains like `train` does and records
+    """One 2-process run of tests/rank_probe.py, which trains like `train` does and records
     what ran on each rank; several tests read its run folder. Randomness off, as it is compared
     with one process at the same global batch."""
     run_dir, scratch = tmp_path_factory.mktemp("two"), short_tmpdir()
-    probe = PROJECT_ROOT / "tests" / "rank_probe.py"
     config = PROJECT_ROOT / "configs" / "train.toml"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    command += [str(probe), str(config), str(run_dir), *TEST_OVERRIDES, *COMPARABLE]
+    argv = [str(config), str(run_dir), *TEST_OVERRIDES, *COMPARABLE]
+    argv += ["micro_batch_size=32", "profile_steps=2:3"]
     try:
-        result = run([*command, "micro_batch_size=32", "profile_steps=2:3"], launcher_env(scratch))
+        wait_for_ranks(
+            start_ranks(rank_probe.run_from_command_line, 2, *argv, scratch=scratch), 600
+        )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    assert result.returncode == 0, result.stderr[-4000:]
     return run_dir
 
 
@@ -145,42 +175,30 @@ def test_two_processes_match_one_at_the_same_global_batch(tmp_path, two_process_
         assert (two / "profile" / f"rank{rank}.pt.trace.json").is_file(), rank
 
 
-def worker_pids(launcher: subprocess.Popen) -> list[int]:
-    """The training processes torchrun started, in start order (Linux's /proc)."""
-    children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children")
-    return [int(pid) for pid in children.read_text().split()]
-
-
-def torchrun_until_signalled(scratch: Path, run_dir: Path, step: int, *args: str) -> str:
-    """Launch 2 processes and send SIGUSR1 to the second alone once `step` is logged; return
-    the launch's stderr. The run must stop with its checkpoint, every rank at the same step."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    command += ["-m", "lm_ddp_bf16.train", "device=cpu", *TEST_OVERRIDES, *args]
-    with subprocess.Popen(
-        command, cwd=PROJECT_ROOT, env=launcher_env(scratch), stderr=subprocess.PIPE, text=True
-    ) as launcher:
-        wait_for_train_step(launcher, run_dir, step, seconds=300)
-        os.kill(worker_pids(launcher)[1], signal.SIGUSR1)
-        try:
-            stderr = launcher.communicate(timeout=300)[1]
-        except subprocess.TimeoutExpired:
-            launcher.kill()
-            pytest.fail("the ranks did not stop together: one waits in a collective")
+def run_until_signalled(scratch: Path, run_dir: Path, step: int, *args: str) -> str:
+    """Start 2 processes and send SIGUSR1 to the second alone once `step` is logged; return
+    their stderr. The run must stop with its checkpoint, every rank at the same step."""
+    argv = ["device=cpu", *TEST_OVERRIDES, *args]
+    ranks = start_ranks(train_main, 2, *argv, scratch=scratch)
+    try:
+        wait_for_train_step(ranks[0], run_dir, step, seconds=300)
+        ranks[1].send_signal(signal.SIGUSR1)
+    finally:
+        stderr = wait_for_ranks(ranks, timeout=300, check=False)
     return stderr
 
 
-@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads Linux's /proc")
 def test_a_signal_to_one_rank_stops_both_at_one_step_and_the_resume_is_bitwise(tmp_path, scratch):
     common = ["log_every=1", "grad_accum_steps=2", "epochs=3", "num_workers=2"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    torchrun(scratch, 2, *common, f"run_dir='{straight.as_posix()}'", "stop_after_steps=16")
+    run_ranks(scratch, 2, *common, f"run_dir='{straight.as_posix()}'", "stop_after_steps=16")
     stopping = [*common, f"run_dir='{resumed.as_posix()}'", "stop_after_steps=16"]
-    stderr = torchrun_until_signalled(scratch, resumed, 3, *stopping)
+    stderr = run_until_signalled(scratch, resumed, 3, *stopping)
     assert "stopped by another process's stop signal" in stderr or "by SIGUSR1" in stderr, stderr
     stopped_at = latest_checkpoint(resumed)["components"]["progress"]["step"]
     assert 3 <= stopped_at < 16
     assert max(record["step"] for record in logged_records(resumed, "train")) == stopped_at
-    torchrun(scratch, 2, *stopping, "--resume")
+    run_ranks(scratch, 2, *stopping, "--resume")
     expected, actual = exported_weights(straight), exported_weights(resumed)
     for key, tensor in expected.items():
         assert torch.equal(tensor, actual[key]), key
@@ -210,7 +228,7 @@ def test_unequal_validation_shards_finish_on_every_rank(tmp_path, scratch):
     number of validation passes, such a run waited in validation until killed."""
     run_dir = tmp_path / "run"
     settings = [*odd_validation_split(), "epochs=1", "checkpoint_every=0"]
-    torchrun(scratch, 2, *settings, f"run_dir='{run_dir.as_posix()}'", timeout=240)
+    run_ranks(scratch, 2, *settings, f"run_dir='{run_dir.as_posix()}'", timeout=240)
     (validation,) = logged_records(run_dir, "val")
     assert math.isfinite(validation["val_loss"])
 

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import random
-import subprocess
 import sys
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
+from mps_single_fp32.config import Config
 from mps_single_fp32.data import build_datasets
 from mps_single_fp32.loader import epoch_iterator, make_train_loader
 from mps_single_fp32.runtime import init_runtime
 
+import launcher
 from conftest import PROJECT_ROOT
 
 
@@ -48,17 +48,14 @@ def test_worker_streams_differ_across_workers_and_epochs(config):
         assert len(set(values)) == len(values), f"repeated draws in RNG column {column}"
 
 
+def print_worker_draws() -> None:
+    """`worker_draws` of two epochs at the seed given as the first argument, as one JSON line
+    (run by the next test in a fresh process)."""
+    print(json.dumps(worker_draws(Config(seed=int(sys.argv[1])), epochs=2)))
+
+
 def test_worker_streams_reproduce_in_a_fresh_process(config):
-    script = (
-        "import json, sys; sys.path.insert(0, 'tests');"
-        "from test_loader import worker_draws;"
-        "from mps_single_fp32.config import Config;"
-        f"print(json.dumps(worker_draws(Config(seed={config.seed}), epochs=2)))"
-    )
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
-    result = subprocess.run(
-        [sys.executable, "-c", script], cwd=PROJECT_ROOT, capture_output=True, text=True, env=env
-    )
+    result = launcher.run(print_worker_draws, str(config.seed), cwd=PROJECT_ROOT)
     assert result.returncode == 0, result.stderr
     last_line = result.stdout.splitlines()[-1]  # libraries may log to stdout on import
     assert json.loads(last_line) == worker_draws(config, epochs=2)

@@ -7,3 +7,5 @@ TEST_SETTINGS |= {"micro_batch_size": 32, "grad_accum_steps": 1, "lr": 2e-3, "wa
 TEST_SETTINGS |= {"activation_checkpointing": False}
 # Ranks draw their own dropout: off where runs of 1 and 2 processes compare.
 RANDOMNESS_OFF = ["dropout=0.0"]
+# Libraries a run imports besides the project's modules (tests/launcher.py preloads them).
+RUN_IMPORTS: list[str] = []
