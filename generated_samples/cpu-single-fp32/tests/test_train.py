@@ -28,6 +28,7 @@ from cpu_single_fp32.train import Trainer
 from conftest import (
     PROJECT_ROOT,
     TEST_OVERRIDES,
+    TEST_SETTINGS,
     assert_loss_curve_png,
     exported_weights,
     logged_records,
@@ -188,8 +189,11 @@ def test_resume_mid_epoch_reproduces_the_straight_run_bitwise(tmp_path, num_work
     """2k steps straight == k steps, checkpoints lost after step 10 (a run killed some steps
     past its last checkpoint), fresh process, the rest. The first two runs train in this
     process; the resume starts from the files alone, and every step is logged once."""
+    # Half the tests' micro-batch: the property needs steps, not samples, and an epoch boundary
+    # between the checkpoint and the end (checked below).
+    micro_batch_size = TEST_SETTINGS["micro_batch_size"] // 2
     common = ["grad_accum_steps=2", "log_every=1", f"num_workers={num_workers}", "epochs=4"]
-    common += ["device=cpu"]
+    common += ["device=cpu", f"micro_batch_size={micro_batch_size}"]
     k, kept = 15, 10  # step 10 falls mid-epoch (checked below)
     runs = straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     train_here(*common, f"run_dir={straight.as_posix()!r}", f"stop_after_steps={2 * k}")
@@ -198,7 +202,8 @@ def test_resume_mid_epoch_reproduces_the_straight_run_bitwise(tmp_path, num_work
     for folder in step_folders(resumed / "checkpoints"):
         if int(folder.name.removeprefix("step-")) > kept:
             shutil.rmtree(folder)
-    assert latest_checkpoint(resumed)["components"]["progress"]["batch_in_epoch"] > 0
+    resumed_from = latest_checkpoint(resumed)["components"]["progress"]
+    assert resumed_from["batch_in_epoch"] > 0
     run_training(
         *common, f"run_dir={resumed.as_posix()!r}", f"stop_after_steps={2 * k}", "--resume"
     )
@@ -208,6 +213,7 @@ def test_resume_mid_epoch_reproduces_the_straight_run_bitwise(tmp_path, num_work
         assert torch.equal(tensor, actual[key]), key
     expected, actual = (latest_checkpoint(run)["components"] for run in runs)
     assert expected["progress"]["step"] == actual["progress"]["step"] == 2 * k
+    assert actual["progress"]["epoch"] > resumed_from["epoch"], "no new epoch after the resume"
     assert expected["scheduler"] == actual["scheduler"]
     assert expected["progress"]["history"] == actual["progress"]["history"]
     assert train_losses(straight) == train_losses(resumed)

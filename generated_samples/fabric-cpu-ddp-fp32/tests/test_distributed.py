@@ -255,18 +255,17 @@ def free_port() -> int:
 
 
 def test_two_nodes_of_one_process_each_on_this_machine(tmp_path, scratch):
-    """Two torchrun agents rendezvous over c10d on localhost, as two nodes would."""
-    nodes_env = {"HEAD_NODE": "127.0.0.1", "PORT": str(free_port()), "NNODES": "2"}
-    nodes_env |= {"NPROC_PER_NODE": "1", "RUN_ID": f"test-{os.getpid()}"}
-    env = launcher_env(scratch) | nodes_env
+    """Ranks 0 and 1 on nodes 0 and 1, each the only process of its node (LOCAL_RANK 0 on
+    both), as torchrun starts them on two nodes: what the engine and the main-process-only
+    writes read from the node layout."""
     run_dir = tmp_path / "multinode"
-    command = ["bash", "launch/multinode.sh", "device=cpu", "stop_after_steps=2", *TEST_OVERRIDES]
-    command += [f"run_dir='{run_dir}'"]
-    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
-    nodes = [subprocess.Popen(command, cwd=PROJECT_ROOT, env=env, **pipes) for _ in range(2)]
-    outputs = [node.communicate(timeout=600) for node in nodes]
-    for node, (_, stderr) in zip(nodes, outputs, strict=True):
-        assert node.returncode == 0, stderr[-4000:]
+    argv = ["device=cpu", *TEST_OVERRIDES, "stop_after_steps=2", f"run_dir='{run_dir}'"]
+    port, ranks = free_port(), []
+    for node in (0, 1):
+        env = rank_env(node, 2, port, scratch) | {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+        env |= {"GROUP_RANK": str(node), "GROUP_WORLD_SIZE": "2", "ROLE_WORLD_SIZE": "2"}
+        ranks.append(launcher.start(train_main, *argv, cwd=PROJECT_ROOT, env=env))
+    wait_for_ranks(ranks, 600)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 2
 
