@@ -200,6 +200,8 @@ PROJECT_IMPORTS = frozenset(
         "wandb",
         "pytest",
         "conftest",  # the project's tests/conftest.py
+        "launcher",  # tests/launcher.py
+        "rank_probe",  # tests/rank_probe.py
         "ruff",
         "hatchling",
     }
@@ -215,7 +217,8 @@ STDLIB_MODULES = frozenset(sys.stdlib_module_names) | {"test"}
 RESERVED_PACKAGE_NAMES = STDLIB_MODULES | PROJECT_IMPORTS | ENVIRONMENT_MODULES | PROJECT_FOLDERS
 # Distribution names (PEP 503 normalised) of the rendered project's requirements: a project of
 # the same name would require itself.
-PROJECT_DISTRIBUTIONS = (PROJECT_IMPORTS - {"sklearn", "conftest"}) | {"scikit-learn"}
+TEST_HELPERS = frozenset({"conftest", "launcher", "rank_probe"})  # tests/, not installed
+PROJECT_DISTRIBUTIONS = (PROJECT_IMPORTS - {"sklearn"} - TEST_HELPERS) | {"scikit-learn"}
 # File names Windows reserves in every folder (with any extension), case-insensitively.
 WINDOWS_DEVICE_NAMES = frozenset(
     {"con", "prn", "aux", "nul"} | {f"{port}{n}" for port in ("com", "lpt") for n in range(1, 10)}

@@ -75,9 +75,8 @@ def rank_env(rank: int, nproc: int, port: int, scratch: Path) -> dict[str, str]:
     ranks = {"RANK": rank, "LOCAL_RANK": rank, "ROLE_RANK": rank, "GROUP_RANK": 0}
     sizes = {"WORLD_SIZE": nproc, "LOCAL_WORLD_SIZE": nproc, "ROLE_WORLD_SIZE": nproc}
     where = {"GROUP_WORLD_SIZE": 1, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-    return launcher_env(scratch) | {
-        key: str(value) for key, value in (ranks | sizes | where).items()
-    }
+    variables = ranks | sizes | where
+    return launcher_env(scratch) | {key: str(value) for key, value in variables.items()}
 
 
 def start_ranks(
@@ -141,9 +140,8 @@ def two_process_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     argv = [str(config), str(run_dir), *TEST_OVERRIDES, *COMPARABLE]
     argv += ["micro_batch_size=32", "profile_steps=2:3"]
     try:
-        wait_for_ranks(
-            start_ranks(rank_probe.run_from_command_line, 2, *argv, scratch=scratch), 600
-        )
+        ranks = start_ranks(rank_probe.run_from_command_line, 2, *argv, scratch=scratch)
+        wait_for_ranks(ranks, 600)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return run_dir
