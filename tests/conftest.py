@@ -28,6 +28,56 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+# The matrix's rows (tests/test_matrix.py records them as user properties), as this process
+# receives them: under pytest-xdist the controller gets every worker's reports.
+MATRIX_ROWS: list[dict[str, object]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    properties = dict(report.user_properties)
+    if report.when == "call" and "matrix_variant" in properties:
+        MATRIX_ROWS.append(properties)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The matrix's table, when matrix tests ran: per variant, its time, the test functions
+    it ran and those it skipped because another variant runs the same code (tests/repeats.py)."""
+    if MATRIX_ROWS:
+        terminalreporter.section("matrix: tests run, and skipped as repeats of another variant")
+        for line in matrix_table(MATRIX_ROWS):
+            terminalreporter.write_line(line)
+
+
+def matrix_table(rows: list[dict[str, object]]) -> list[str]:
+    """The rows as aligned text, the slowest variant first."""
+    header = ["variant", "seconds", "run", "skipped as repeats (of: owner x count, ...)", "pytest"]
+    cells = [header] + [
+        [
+            str(row["matrix_variant"]),
+            f"{row['matrix_seconds']:.0f}",
+            str(row["matrix_run"]),
+            describe_repeats(row["matrix_repeats"]),
+            str(row["matrix_pytest_summary"]),
+        ]
+        for row in sorted(rows, key=lambda row: -row["matrix_seconds"])
+    ]
+    widths = [max(len(line[column]) for line in cells) for column in range(len(header) - 1)]
+    return [
+        " | ".join(
+            [*(cell.ljust(width) for cell, width in zip(line[:-1], widths, strict=True)), line[-1]]
+        )
+        for line in cells
+    ]
+
+
+def describe_repeats(owners: dict[str, int]) -> str:
+    """`12 (of: cpu-single-fp32 x 9, cuda-ddp-bf16 x 3)`, or `0`."""
+    if not owners:
+        return "0"
+    counts = ", ".join(f"{owner} x {count}" for owner, count in owners.items())
+    return f"{sum(owners.values())} (of: {counts})"
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """After `-m`, `-k` and the paths selected the tests: say whether any needs the ops."""
     if session.config.getoption("report_deepspeed_ops") and any(
@@ -41,7 +91,12 @@ def isolated_home(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> Path:
     """A fresh HOME and global git config per test; the user's own are never read or written."""
-    home = tmp_path_factory.mktemp("home")
+    return isolate_home(tmp_path_factory.mktemp("home"), monkeypatch)
+
+
+def isolate_home(home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Make the empty folder `home` HOME, with a global git config of its own (also for a
+    session-scoped fixture, which runs before `isolated_home`)."""
     gitconfig = home / ".gitconfig"
     gitconfig.write_text("[user]\n\tname = Test User\n\temail = test@example.invalid\n")
     monkeypatch.setenv("HOME", str(home))

@@ -22,6 +22,7 @@ DEFAULT_FILES = {
     "pyproject.toml",
     "configs/train.toml",
     "tests/conftest.py",
+    "tests/launcher.py",
     "tests/test_build.py",
     "tests/test_checkpoint.py",
     "tests/test_data_headroom.py",
@@ -275,6 +276,9 @@ def test_interactive_prompts_with_a_pseudo_terminal(tmp_path):
     prompt), bf16, and `auto` for the strategy, which shows what it picks; choices that cannot
     work are shown as not available, with the reason. The plan is printed once."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TERM": "xterm"}
+    # prompt_toolkit asks the terminal where the cursor is (CPR) to know the rows below it;
+    # pexpect's terminal never answers, and each prompt waited a second for the answer.
+    env["PROMPT_TOOLKIT_NO_CPR"] = "1"
     child = pexpect.spawn(
         sys.executable, ["-m", "scaffold", "new", "netproj"], cwd=str(tmp_path), env=env,
         encoding="utf-8", timeout=60, dimensions=(50, 200),
@@ -386,8 +390,10 @@ def test_a_destination_without_write_permission_is_one_line_exit_2(tmp_path, whe
     """A DEST inside a folder this user cannot write (chmod 0o555), or an existing DEST that
     cannot be written: one line that says what to do, exit 2, nothing written.
 
-    Root writes through permission bits, so under root the refusal does not happen and is not
-    asserted; test_render's staging-folder test makes the file system refuse for every user."""
+    Root writes through permission bits, so under root the refusal does not happen and the test
+    is skipped; test_render's staging-folder test makes the file system refuse for every user."""
+    if os.geteuid() == 0:
+        pytest.skip("root writes through permission bits: the refusal cannot happen")
     locked = tmp_path / "locked"
     locked.mkdir()
     (locked / "notes.txt").write_text("mine")
@@ -398,8 +404,6 @@ def test_a_destination_without_write_permission_is_one_line_exit_2(tmp_path, whe
         entries = sorted(path.name for path in locked.iterdir())
     finally:
         locked.chmod(0o755)
-    if os.geteuid() == 0:
-        return
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("scaffold: error: cannot write"), lines

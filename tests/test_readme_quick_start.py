@@ -4,29 +4,19 @@ multi-node project leads with the launch its plan assumed."""
 from __future__ import annotations
 
 import re
-import warnings
-from pathlib import Path
 
-import copier
 import pytest
+from shared_renders import raw_render
 
-from scaffold.answers import build_answers
-from scaffold.planner import plan
-from scaffold.render import ensure_template_repo
 from scaffold.variants import VARIANTS
 
 CPU_INDEX = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
 LAUNCH = re.compile(r"(sbatch|\S+=\S+ bash|bash) ")  # a command line that starts training
 
 
-def quick_start(variant: str, dest: Path) -> str:
+def quick_start(factory: pytest.TempPathFactory, variant: str) -> str:
     """The shell block of the Quick start section of `variant`'s README (copier alone)."""
-    src, tag = ensure_template_repo()
-    data = plan(build_answers({**VARIANTS[variant], "project_name": dest.name})).copier_data()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        copier.run_copy(src, dest, data=data, vcs_ref=tag, defaults=True, quiet=True)
-    readme = (dest / "README.md").read_text()
+    readme = (raw_render(factory, variant) / "README.md").read_text()
     section = readme[readme.index("## Quick start") :]
     return section[: section.index("\n## ", 1)]
 
@@ -35,10 +25,10 @@ def quick_start(variant: str, dest: Path) -> str:
     ("variant", "cpu_index"),
     [("cpu-single-fp32", True), ("mps-single-fp32", False), ("cuda-single-bf16", False)],
 )
-def test_a_cpu_project_installs_the_cpu_build_of_torch_first(tmp_path, variant, cpu_index):
+def test_a_cpu_project_installs_the_cpu_build_of_torch_first(tmp_path_factory, variant, cpu_index):
     """PyPI's Linux torch is the CUDA build: a CPU project's `pip install -e ".[dev]"` pulled
     GBs of CUDA libraries. macOS wheels are CPU + MPS already; a CUDA project wants CUDA."""
-    section = quick_start(variant, tmp_path / "proj")
+    section = quick_start(tmp_path_factory, variant)
     lines = section.splitlines()
     install = next(i for i, line in enumerate(lines) if line.startswith('pip install -e ".[dev]"'))
     assert any(line.startswith(CPU_INDEX) for line in lines[:install]) == cpu_index, section
@@ -46,11 +36,11 @@ def test_a_cpu_project_installs_the_cpu_build_of_torch_first(tmp_path, variant, 
         assert "no extra index" in section, section
 
 
-def test_a_multinode_project_leads_with_the_multinode_launch(tmp_path):
+def test_a_multinode_project_leads_with_the_multinode_launch(tmp_path_factory):
     """The quick start of a 2-node plan started one node's processes, half the planned run."""
     answers = VARIANTS["multinode-ddp-bf16"]
     nodes, per_node = answers["num_nodes"], answers["gpus_per_node"]
-    section = quick_start("multinode-ddp-bf16", tmp_path / "proj")
+    section = quick_start(tmp_path_factory, "multinode-ddp-bf16")
     launches = [line for line in section.splitlines() if LAUNCH.match(line)]
     assert launches[0].startswith("sbatch launch/slurm.sbatch"), launches
     assert f"{nodes} nodes x {per_node} GPUs" in launches[0], launches

@@ -8,13 +8,13 @@ import re
 import shutil
 import subprocess
 import tempfile
-import warnings
 from pathlib import Path
 
 import copier
 import pytest
 import yaml
 from conftest import ruff
+from shared_renders import raw_render
 
 import scaffold.render
 from scaffold.answers import FRAMEWORK_RENDERS, build_answers
@@ -43,16 +43,6 @@ FRAMEWORK_RENDERS = {
 }
 
 
-def render_raw(variant: str, dest: Path, answers: dict | None = None) -> None:
-    """copier alone (no ruff format, no git): what `scaffold update` will re-render and merge."""
-    src, tag = ensure_template_repo()
-    chosen = {**(answers or VARIANTS[variant]), "project_name": dest.name}
-    data = plan(build_answers(chosen)).copier_data()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        copier.run_copy(src, dest, data=data, vcs_ref=tag, defaults=True, quiet=True)
-
-
 def assert_clean(project: Path) -> None:
     assert ruff(project, "check").returncode == 0, ruff(project, "check").stdout
     formatted = ruff(project, "format", "--check")
@@ -64,17 +54,21 @@ def assert_clean(project: Path) -> None:
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_raw_render_is_lint_and_format_clean_with_no_jinja_left(tmp_path, variant):
-    project = tmp_path / "proj"
-    render_raw(variant, project)
-    assert_clean(project)
+def test_raw_render_is_lint_and_format_clean_with_no_jinja_left(tmp_path_factory, variant):
+    """copier alone (no ruff format, no git), what `scaffold update` re-renders and merges, of
+    each variant (named after it: names that sort before and after `conftest`)."""
+    assert_clean(raw_render(tmp_path_factory, variant))
+
+
+def framework_render(factory: pytest.TempPathFactory, name: str) -> Path:
+    """copier's render of FRAMEWORK_RENDERS[name], under a name that sorts before `conftest`."""
+    return raw_render(factory, f"aa-{name}", FRAMEWORK_RENDERS[name])
 
 
 @pytest.mark.parametrize("name", list(FRAMEWORK_RENDERS))
-def test_every_framework_strategy_and_precision_renders_clean(tmp_path, name):
+def test_every_framework_strategy_and_precision_renders_clean(tmp_path_factory, name):
     """Also under a name that sorts before `conftest`: the tests' imports stay sorted."""
-    project = tmp_path / f"aa-{name}"
-    render_raw(name, project, FRAMEWORK_RENDERS[name])
+    project = framework_render(tmp_path_factory, name)
     assert_clean(project)
     engine = (project / "src" / project.name.replace("-", "_") / "engine.py").read_text()
     framework, precision = (FRAMEWORK_RENDERS[name][key] for key in ("framework", "precision"))
@@ -88,23 +82,22 @@ def test_every_framework_strategy_and_precision_renders_clean(tmp_path, name):
         assert settings["mixed_precision"] == {"fp32": "no", "bf16": "bf16"}[precision]
 
 
-def test_fabric_fp16_hands_fabric_its_own_loss_scaler(tmp_path):
+def test_fabric_fp16_hands_fabric_its_own_loss_scaler(tmp_path_factory):
     """Fabric turns "16-mixed" on a CPU into another precision unless handed a scaler."""
-    project = tmp_path / "fabric-fp16"
-    render_raw("", project, FRAMEWORK_RENDERS["fabric-single-fp16"])
-    engine = (project / "src" / "fabric_fp16" / "engine.py").read_text()
+    project = framework_render(tmp_path_factory, "fabric-single-fp16")
+    engine = (project / "src" / "aa_fabric_single_fp16" / "engine.py").read_text()
     assert 'COMPUTE_DTYPE: "16-mixed"' in engine and "GradScaler(device.type, enabled=" in engine
     assert "plugins=[plugin]" in engine and "precision=" not in engine.split("Fabric(")[1][:300]
 
 
-def test_precision_is_data_in_one_engine_text(tmp_path):
+def test_precision_is_data_in_one_engine_text(tmp_path_factory):
     """bf16 and fp16 render the same engine but for three constants; the fp16 step unscales
     before it clips."""
     engines = {}
     for variant in ("cuda-single-bf16", "cuda-single-fp16"):
         package = variant.replace("-", "_")
-        render_raw(variant, tmp_path / package)
-        engines[variant] = (tmp_path / package / "src" / package / "engine.py").read_text()
+        project = raw_render(tmp_path_factory, variant)
+        engines[variant] = (project / "src" / package / "engine.py").read_text()
     bf16, fp16 = engines["cuda-single-bf16"], engines["cuda-single-fp16"]
     assert "COMPUTE_DTYPE = torch.bfloat16" in bf16 and "GRAD_SCALER = False" in bf16
     assert "COMPUTE_DTYPE = torch.float16" in fp16 and "GRAD_SCALER = True" in fp16

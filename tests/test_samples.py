@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from shared_renders import raw_render
 
+import scaffold.samples
+from scaffold.render import format_with_ruff
 from scaffold.samples import stale_sample_files
 from scaffold.variants import VARIANTS
 
@@ -21,9 +25,53 @@ def test_every_variant_has_a_sample():
     assert sorted(p.name for p in SAMPLES.iterdir() if p.is_dir()) == sorted(VARIANTS)
 
 
-def test_samples_match_a_fresh_render():
-    stale = stale_sample_files(SAMPLES)
+def fresh_render(factory: pytest.TempPathFactory, variant: str, dest: Path) -> Path:
+    """What `scaffold samples` renders for `variant` at `dest` (named `variant`): copier's
+    output in a fresh template cache (shared with test_render, which reads the same render),
+    formatted by scaffold's own ruff step. render_project does no more for a sample."""
+    shutil.copytree(raw_render(factory, variant), dest)
+    format_with_ruff(dest)
+    return dest
+
+
+def differing_files(left: Path, right: Path) -> list[str]:
+    """Paths under either folder that the other lacks or holds with other bytes."""
+
+    def files(folder: Path) -> dict[str, bytes]:
+        found = folder.rglob("*") if folder.is_dir() else ()
+        return {str(p.relative_to(folder)): p.read_bytes() for p in found if p.is_file()}
+
+    left_files, right_files = files(left), files(right)
+    paths = left_files.keys() | right_files.keys()
+    return sorted(path for path in paths if left_files.get(path) != right_files.get(path))
+
+
+def test_samples_match_a_fresh_render(tmp_path_factory, tmp_path):
+    stale = [
+        f"{variant}/{path}"
+        for variant in VARIANTS
+        for path in differing_files(
+            fresh_render(tmp_path_factory, variant, tmp_path / variant), SAMPLES / variant
+        )
+    ]
     assert stale == [], "re-render with `scaffold samples`; stale: " + ", ".join(stale)
+
+
+def test_the_samples_check_lists_each_file_that_differs_from_a_fresh_render(
+    tmp_path_factory, tmp_path, monkeypatch
+):
+    """`scaffold samples --check`'s comparison (one variant here: it renders each one): a
+    changed file, a missing one and an extra one are listed, and nothing else."""
+    variant = "cpu-single-fp32"
+    monkeypatch.setattr(scaffold.samples, "VARIANTS", {variant: VARIANTS[variant]})
+    sample = fresh_render(tmp_path_factory, variant, tmp_path / variant)
+    readme = sample / "README.md"
+    readme.write_text(readme.read_text() + "\nAn edit.\n")
+    (sample / "configs" / "train.toml").unlink()
+    (sample / "notes.txt").write_text("not rendered")
+    assert sorted(stale_sample_files(tmp_path)) == [
+        f"{variant}/{path}" for path in ("README.md", "configs/train.toml", "notes.txt")
+    ]
 
 
 def test_new_with_a_variant_into_a_folder_of_its_name_equals_its_sample(tmp_path):

@@ -10,14 +10,18 @@ import importlib.util
 import itertools
 import math
 import sys
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
 from conftest import REPO_ROOT
 
 from scaffold.shapes import PUBLISHED_DECODERS, DecoderShape, cnn_for, decoder_for
 from scaffold.variants import DEFAULT_VARIANT
 
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported by the tests that use it, not at collection (seconds in every process).
 LM_SAMPLE = "lm-cpu-single-fp32"
 LM_MODEL = REPO_ROOT / "templates" / "_variants" / "task" / "language-model" / "model.py"
 
@@ -62,7 +66,15 @@ SIZES += PUBLISHED + [geometric_mean(a, b) for a, b in itertools.pairwise(PUBLIS
 
 @pytest.mark.parametrize("params", sorted(SIZES))
 @pytest.mark.parametrize("block_size", [32, 2048])
-def test_the_decoder_shape_is_the_rendered_models(params, block_size):
+def test_the_decoder_shape_is_the_rendered_models(params, block_size, monkeypatch):
+    import torch
+
+    # Everything here is built on the meta device, where filling a tensor stores nothing but
+    # torch still runs each initializer's Python decomposition (most of this test's time, in
+    # shape_for's search too): shapes and parameter counts need no initial values.
+    for name in dir(torch.nn.init):
+        if name.endswith("_") and not name.startswith("_"):
+            monkeypatch.setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
     model_py = lm_model()
     shape = decoder_for(params, block_size)
     assert model_py.shape_for(params, block_size) == (shape.depth, shape.width, shape.heads)
@@ -116,6 +128,8 @@ def test_small_sizes_keep_the_examples_own_shapes():
 
 @pytest.mark.parametrize("params", [25_000, 10**5, 10**6, 5 * 10**7])
 def test_the_cnn_shape_is_the_rendered_models(params):
+    import torch
+
     model_py = rendered(DEFAULT_VARIANT, "model")
     shape = cnn_for(params)
     assert shape.width == model_py.width_for_param_count(params)
@@ -128,6 +142,8 @@ def test_the_cnn_shape_is_the_rendered_models(params):
 def saved_bytes(model: torch.nn.Module, forward) -> int:
     """Bytes autograd keeps for backward during `forward()`: each storage once, parameters'
     own storage excluded (it is the weights, not an activation)."""
+    import torch
+
     parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
     storages: dict[int, int] = {}
 
@@ -152,6 +168,8 @@ PRECISIONS = {"fp32": (4, 4, None), "bf16-params": (2, 2, None), "autocast": (4,
 @pytest.mark.parametrize("checkpointing", [False, True])
 @pytest.mark.parametrize("size", [10**6, 10**7 + 1])  # heads of 32; of 64 (6 x 384)
 def test_decoder_activations_are_what_autograd_saves(precision, checkpointing, size):
+    import torch
+
     model_py, task = lm_model(), rendered(LM_SAMPLE, "task")
     residual, compute, autocast = PRECISIONS[precision]
     shape, batch = decoder_for(size, 64), 8
@@ -173,6 +191,8 @@ def test_decoder_activations_are_what_autograd_saves(precision, checkpointing, s
 
 
 def test_cnn_activations_are_what_autograd_saves():
+    import torch
+
     model_py, task = rendered(DEFAULT_VARIANT, "model"), rendered(DEFAULT_VARIANT, "task")
     shape, batch = cnn_for(10**5), 16
     model = model_py.DigitsCNN(shape.width, dropout=0.0)

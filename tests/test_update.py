@@ -13,6 +13,7 @@ import pytest
 from conftest import REPO_ROOT, run_in_project, run_scaffold, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from shared_renders import committed_project, copy_project
 
 from scaffold.answers import build_answers, merge_sources
 from scaffold.errors import ProjectError
@@ -70,12 +71,16 @@ def new_template(tmp_path_factory) -> Path:
     return template
 
 
+def default_project(factory: pytest.TempPathFactory, dest: Path, home: Path) -> Path:
+    """At `dest`, the default project as the installed scaffold (v0.1.0) renders and commits it
+    in the HOME `home`: a copy of the session's one render, with the template cache it made."""
+    return copy_project(committed_project(factory, "cpu-single-fp32", "demo"), dest, home)
+
+
 @pytest.fixture
-def project(tmp_path) -> Path:
+def project(tmp_path_factory, tmp_path, isolated_home) -> Path:
     """The default project rendered by the installed scaffold (v0.1.0) and committed."""
-    dest = tmp_path / "demo"
-    render_variant("cpu-single-fp32", dest, init_git=True)
-    return dest
+    return default_project(tmp_path_factory, tmp_path / "demo", isolated_home)
 
 
 def update(project: Path, template: Path, *args: str):
@@ -84,12 +89,14 @@ def update(project: Path, template: Path, *args: str):
 
 
 def test_clean_update_keeps_the_owners_edit_and_brings_the_fix(project, new_template):
+    """Run in a subfolder of the project, without naming it: the update finds the project."""
     model = project / "src" / "demo" / "model.py"
     edited = model.read_text().replace("dropout: float = 0.1", "dropout: float = 0.3")
     edited += '\n\ndef describe() -> str:\n    return "my CNN"\n'
     model.write_text(edited)
     commit_all(project, "my edits")
-    result = update(project, new_template)
+    args = ["--template", str(new_template), "--template-version", NEW_VERSION]
+    result = run_scaffold("update", *args, cwd=project / "src" / "demo")
     assert result.returncode == 0, result.stderr
     assert model.read_text() == edited
     assert LOOP_FIX in (project / "src" / "demo" / "train.py").read_text()
@@ -102,27 +109,22 @@ def test_clean_update_keeps_the_owners_edit_and_brings_the_fix(project, new_temp
 
 
 def test_same_line_edited_on_both_sides_fails_loudly_and_commits_nothing(project, new_template):
+    """The owner also deleted a file the template changes: the conflicts win the exit code, and
+    the deleted file is still listed."""
     train = project / "src" / "demo" / "train.py"
     train.write_text(train.read_text().replace(LOOP_LINE, "    model.eval()  # my own note"))
-    commit_all(project, "my note")
+    git(project, "rm", "--quiet", "src/demo/loader.py")
+    commit_all(project, "my note, no loader")
     head = git(project, "rev-parse", "HEAD")
     result = update(project, new_template)
-    assert result.returncode == 1
-    assert "src/demo/train.py" in result.stderr
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "conflicts in 1 file(s)" in result.stderr and "  src/demo/train.py" in result.stderr
+    assert "deleted; the update did not apply" in result.stderr
+    assert "  src/demo/loader.py" in result.stderr
     text = train.read_text()
     assert "<<<<<<<" in text and ">>>>>>>" in text and LOOP_FIX in text and "my own note" in text
     assert git(project, "rev-parse", "HEAD") == head, "nothing committed"
     assert "UU src/demo/train.py" in git(project, "status", "--porcelain")
-
-
-def test_deleted_dropped_and_added_files(project, new_template):
-    (project / "tests" / "test_loop.py").unlink()
-    commit_all(project, "I do not want this test")
-    result = update(project, new_template)
-    assert result.returncode == 0, result.stderr
-    assert not (project / "tests" / "test_loop.py").exists(), "the owner's deletion stays"
-    assert not (project / "tests" / "test_optim.py").exists(), "the template dropped it"
-    assert (project / "docs" / "CHANGES.md").read_text().startswith("# Changes")
 
 
 def make_dirty(project: Path) -> None:
@@ -199,14 +201,21 @@ def test_dry_run_shows_the_change_and_touches_nothing(project, new_template):
     assert git(project, "status", "--porcelain") == ""
 
 
-@pytest.mark.slow
-def test_changing_an_answer_re_renders_and_the_tests_still_pass(project):
+def test_changing_an_answer_re_renders_and_the_tests_still_pass(tmp_path_factory, project):
+    """`--data precision=bf16` turns the default project into, file for file, what `scaffold
+    new` renders for the new answers: the variant cpu-single-bf16 (named demo), whose own test
+    suite the matrix runs (test_matrix.py)."""
+    assert VARIANTS["cpu-single-bf16"] == {**VARIANTS["cpu-single-fp32"], "precision": "bf16"}
     result = run_scaffold("update", str(project), "--data", "precision=bf16", cwd=project.parent)
     assert result.returncode == 0, result.stderr
     assert "COMPUTE_DTYPE = torch.bfloat16" in (project / "src" / "demo" / "engine.py").read_text()
     assert "precision: bf16" in (project / ".copier-answers.yml").read_text()
-    tests = run_in_project(project, "-m", "pytest", "-q", "-p", "no:cacheprovider")
-    assert tests.returncode == 0, tests.stdout[-3000:]
+    updated = snapshot(project)
+    fresh = snapshot(committed_project(tmp_path_factory, "cpu-single-bf16", "demo"))
+    differing = sorted(
+        path for path in updated.keys() | fresh.keys() if updated.get(path) != fresh.get(path)
+    )
+    assert differing == [], "the update and a fresh render differ"
 
 
 UNTOUCHED_BY_V2 = ["src/demo/model.py", "src/demo/data.py", "README.md", "src/demo/optim.py"]
@@ -309,19 +318,23 @@ EDIT_TEXT = st.text(
 ).filter(lambda text: "<<<" not in text and ">>>" not in text and "===" not in text)
 
 
+# Each example is an update (seconds): a few examples, each with up to 8 edits.
 @settings(
-    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
     edits=st.lists(
         st.tuples(st.sampled_from(UNTOUCHED_BY_V2), st.integers(0, 200), EDIT_TEXT),
         min_size=1,
-        max_size=4,
+        max_size=8,
     )
 )
-def test_edits_outside_template_changes_always_survive(tmp_path_factory, new_template, edits):
-    project = tmp_path_factory.mktemp("prop") / "demo"
-    render_variant("cpu-single-fp32", project, init_git=True)
+def test_edits_outside_template_changes_always_survive(
+    tmp_path_factory, isolated_home, new_template, edits
+):
+    project = default_project(
+        tmp_path_factory, tmp_path_factory.mktemp("prop") / "demo", isolated_home
+    )
     for relative, line, text in edits:
         path = project / relative
         lines = path.read_text().splitlines(keepends=True)
@@ -383,13 +396,6 @@ def test_broken_answers_file_and_renaming_are_refused(project, new_template):
     assert len(broken.stderr.strip().splitlines()) == 1
 
 
-def test_update_from_a_subfolder_finds_the_project(project, new_template):
-    args = ["--template", str(new_template), "--template-version", NEW_VERSION]
-    result = run_scaffold("update", *args, cwd=project / "src" / "demo")
-    assert result.returncode == 0, result.stderr
-    assert LOOP_FIX in (project / "src" / "demo" / "train.py").read_text()
-
-
 def test_a_new_model_size_is_re_planned_and_a_recorded_strategy_that_no_longer_fits_warns(
     tmp_path,
 ):
@@ -423,7 +429,9 @@ def test_a_template_change_to_a_file_the_owner_deleted_is_listed_with_its_way_ba
     project, new_template
 ):
     """copier leaves out, without a word, a change to a file the owner deleted (copier#1735):
-    the update lists it, exits 3, and the command it prints brings the file back, fixed."""
+    the update lists it, exits 3, and the command it prints brings the file back, fixed. A
+    deleted file the template did not change is not listed and stays deleted; the file the
+    template dropped goes, the one it added comes."""
     loader = project / "src" / "demo" / "loader.py"
     before = loader.read_text()
     git(project, "rm", "--quiet", "src/demo/loader.py", "tests/test_loop.py")  # v2: loader only
@@ -436,6 +444,9 @@ def test_a_template_change_to_a_file_the_owner_deleted_is_listed_with_its_way_ba
     listed = [line.strip() for line in result.stderr.splitlines() if line.startswith("  ")]
     assert listed == ["src/demo/loader.py"], result.stderr
     assert not loader.exists(), "the owner's deletion stays"
+    assert not (project / "tests" / "test_loop.py").exists(), "the owner's deletion stays"
+    assert not (project / "tests" / "test_optim.py").exists(), "the template dropped it"
+    assert (project / "docs" / "CHANGES.md").read_text().startswith("# Changes")
     assert LOOP_FIX in (project / "src" / "demo" / "train.py").read_text(), "the rest applied"
     how = re.search(r"run in (\S+): (git checkout \S+ -- )PATH", result.stderr)
     assert how and Path(how.group(1)) == project, result.stderr
@@ -447,24 +458,13 @@ def test_a_template_change_to_a_file_the_owner_deleted_is_listed_with_its_way_ba
     assert "3  updated, but the template changed files this project deleted" in usage
 
 
-def test_conflicts_win_the_exit_code_and_deleted_files_are_still_listed(project, new_template):
-    train = project / "src" / "demo" / "train.py"
-    train.write_text(train.read_text().replace(LOOP_LINE, "    model.eval()  # my own note"))
-    git(project, "rm", "--quiet", "src/demo/loader.py")
-    commit_all(project, "my note, no loader")
-    result = update(project, new_template)
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert "conflicts in 1 file(s)" in result.stderr and "  src/demo/train.py" in result.stderr
-    assert "deleted; the update did not apply" in result.stderr
-    assert "  src/demo/loader.py" in result.stderr
-
-
 def test_a_deleted_file_comes_back_fixed_in_a_project_inside_a_larger_repository(
-    tmp_path, new_template
+    tmp_path_factory, tmp_path, isolated_home, new_template
 ):
     repo = tmp_path / "monorepo"
     project = repo / "services" / "demo"
-    render_variant("cpu-single-fp32", project, init_git=False)
+    rendered = committed_project(tmp_path_factory, "cpu-single-fp32", "demo")
+    copy_project(rendered, project, isolated_home, with_git=False)  # `new`'s render, no git
     git(repo, "init", "--quiet")
     commit_all(repo, "a project among others")
     git(project, "rm", "--quiet", "src/demo/loader.py")
