@@ -183,12 +183,10 @@ def _tagged_tree(repo: Path, tag: str) -> str | None:
         return None
 
 
-def render_files(
-    src_path: str, tag: str, data: Mapping[str, Any], dest: Path, only: str | None = None
-) -> None:
+def render_files(src_path: str, tag: str, data: Mapping[str, Any], dest: Path) -> None:
     """Render template version `tag` of the repository at `src_path` with `data` into the new
     folder `dest`: copier alone (no ruff, no git), as `scaffold update` renders each side of its
-    merge. With `only` (a path relative to the project), that one file alone.
+    merge.
 
     Raises:
         RenderError: copier failed.
@@ -196,38 +194,12 @@ def render_files(
     import copier
     from copier.errors import CopierError, CopierWarning
 
-    # copier's excludes are gitignore patterns: exclude everything, then re-include the file
-    # and the folders above it.
-    parents = [f"!{parent.as_posix()}/" for parent in reversed(Path(only or ".").parents)][1:]
-    exclude = ["*", *parents, f"!{only}"] if only else []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CopierWarning)
         try:
-            copier.run_copy(
-                src_path,
-                dest,
-                data=dict(data),
-                vcs_ref=tag,
-                defaults=True,
-                quiet=True,
-                exclude=exclude,
-            )
+            copier.run_copy(src_path, dest, data=dict(data), vcs_ref=tag, defaults=True, quiet=True)
         except CopierError as error:
             raise RenderError(f"copier failed: {error}") from error
-
-
-def render_file(src_path: str, tag: str, data: Mapping[str, Any], path: str) -> str:
-    """The text of the file `path` (relative to the project) as template version `tag` renders
-    it with `data`; "" when that version renders no such file.
-
-    Raises:
-        RenderError: copier failed.
-    """
-    with tempfile.TemporaryDirectory() as scratch:
-        dest = Path(scratch) / "project"
-        render_files(src_path, tag, data, dest, only=path)
-        rendered = dest / path
-        return rendered.read_text() if rendered.is_file() else ""
 
 
 def merge_texts(mine: str, base: str, theirs: str, labels: tuple[str, str, str]) -> str:

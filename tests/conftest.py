@@ -10,22 +10,6 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-NEEDS_OPS = "needs DeepSpeed's CPU ops"  # printed by --report-deepspeed-ops
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
-        "--report-deepspeed-ops",
-        action="store_true",
-        help=f"with --collect-only: print '{NEEDS_OPS}' if a selected test is marked "
-        "deepspeed_ops (scripts/test.sh builds the ops only then)",
-    )
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "deepspeed_ops: loads DeepSpeed's CPU ops, which scripts/test.sh builds first"
-    )
 
 
 # The matrix's rows (tests/test_matrix.py records them as user properties), as this process
@@ -76,14 +60,6 @@ def describe_repeats(owners: dict[str, int]) -> str:
         return "0"
     counts = ", ".join(f"{owner} x {count}" for owner, count in owners.items())
     return f"{sum(owners.values())} (of: {counts})"
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """After `-m`, `-k` and the paths selected the tests: say whether any needs the ops."""
-    if session.config.getoption("report_deepspeed_ops") and any(
-        item.get_closest_marker("deepspeed_ops") for item in session.items
-    ):
-        print(NEEDS_OPS)
 
 
 @pytest.fixture(autouse=True)

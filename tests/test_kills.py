@@ -11,6 +11,7 @@ the way an out-of-memory killer or a lost node ends a job: no handler runs.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import random
@@ -102,7 +103,27 @@ def kill_at_random(
     in_save = saving(run_dir)
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
+    wait_for_lock_release(run_dir)
     return in_save
+
+
+def wait_for_lock_release(run_dir: Path, seconds: float = 60) -> None:
+    """Return once no process holds the run folder's lock (`<run_dir>/.lock`, an flock): the
+    ranks torchrun started die a moment after torchrun itself, and a resume started in that
+    moment would find the folder in use."""
+    lock, deadline = run_dir / ".lock", time.monotonic() + seconds
+    if not lock.is_file():
+        return
+    with lock.open("a") as handle:
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                assert time.monotonic() < deadline, f"{lock} still held {seconds} s after the kill"
+                time.sleep(0.01)
+            else:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+                return
 
 
 def finish(process: subprocess.Popen, tally: Tally) -> int:

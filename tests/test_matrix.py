@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 import traceback
 from collections import Counter
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import isolate_home, ruff, run_in_project
+from conftest import REPO_ROOT, isolate_home, ruff, run_in_project
 from filelock import FileLock
 from repeats import (
     Footprint,
@@ -28,22 +29,22 @@ from scaffold.samples import render_variant
 from scaffold.variants import VARIANTS
 
 MATRIX_TEST = "test_variant_renders_lints_and_passes_its_own_tests"
+OPS_BUILD = REPO_ROOT / "scripts" / "build_deepspeed_ops.py"
+OPS_BUILD_SECONDS = 1200  # ~80 s on 2 idle cores, ~6 min beside two test workers
+
+
+def loads_deepspeed_ops(variant: str) -> bool:
+    """The ZeRO variants' tests load DeepSpeed's CPU ops (scripts/build_deepspeed_ops.py)."""
+    return VARIANTS[variant]["strategy"].startswith("zero")
 
 
 def queue_position(name: str) -> int:
     """Multi-process variants take 3-6x longer than single-process ones: queued first, they
     leave xdist's worksteal a tail of short runs to balance instead of one long run on one
-    worker. ZeRO's come after the other multi-process ones: scripts/test.sh builds DeepSpeed's
-    CPU ops while the first tests run."""
-    strategy = VARIANTS[name]["strategy"]
-    return 2 if strategy == "single" else 1 if strategy.startswith("zero") else 0
-
-
-def as_param(name: str) -> pytest.param:
-    """A variant as a test parameter, marked `deepspeed_ops` when its tests load DeepSpeed's CPU
-    ops (the ZeRO variants): scripts/test.sh builds them only for a run that selects one."""
-    zero = VARIANTS[name]["strategy"].startswith("zero")
-    return pytest.param(name, id=name, marks=[pytest.mark.deepspeed_ops] if zero else [])
+    worker. ZeRO's come after the other multi-process ones: DeepSpeed's CPU ops build while
+    the first ones run (`start_ops_build`)."""
+    single = VARIANTS[name]["strategy"] == "single"
+    return 2 if single else 1 if loads_deepspeed_ops(name) else 0
 
 
 HEAVIEST_FIRST = sorted(VARIANTS, key=queue_position)
@@ -124,6 +125,35 @@ def this_workers_share_first(variants: list[str]) -> list[str]:
     return variants[start:] + variants[:start]
 
 
+def start_ops_build(folder: Path) -> None:
+    """Compile DeepSpeed's CPU ops in the background, once for all workers, while the matrix
+    runs the variants queued before the ZeRO ones: a rendered test that loaded them first would
+    wait on torch's build lock inside its own time limit. The build's output goes to
+    `folder/ops.log`, its exit status to `folder/ops.status` (`wait_for_ops`)."""
+    with FileLock(folder / "ops.lock"):
+        if (folder / "ops.log").exists():
+            return
+        log = folder / "ops.log"
+        command = '"$0" "$1" >"$2" 2>&1; echo $? >"$3.part" && mv "$3.part" "$3"'
+        arguments = [sys.executable, str(OPS_BUILD), str(log), str(folder / "ops.status")]
+        log.touch()
+        # torch builds with the first `ninja` on PATH: this interpreter's, as in every test
+        # process (scripts/_venv.sh says why a system one beside it would rebuild the ops).
+        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+        env = {**os.environ, "PATH": path}
+        subprocess.Popen(["bash", "-c", command, *arguments], env=env, start_new_session=True)
+
+
+def wait_for_ops(folder: Path) -> None:
+    """Return once `start_ops_build`'s build has succeeded; fail the test if it failed."""
+    status, deadline = folder / "ops.status", time.monotonic() + OPS_BUILD_SECONDS
+    while not status.is_file():
+        assert time.monotonic() < deadline, f"DeepSpeed's ops not built in {OPS_BUILD_SECONDS} s"
+        time.sleep(1)
+    log = (folder / "ops.log").read_text()
+    assert status.read_text().strip() == "0", f"building DeepSpeed's CPU ops failed:\n{log[-3000:]}"
+
+
 def render_once(variant: str, folder: Path) -> None:
     """Render `variant` into `folder/variant` unless a worker did or is doing it; a failure is
     kept in `folder/variant.error` for that variant's test to report."""
@@ -149,6 +179,8 @@ def matrix(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     beside the renders."""
     folder = shared_folder(tmp_path_factory)
     variants = selected_variants(request.session)
+    if any(loads_deepspeed_ops(variant) for variant in variants):
+        start_ops_build(folder)
     with pytest.MonkeyPatch.context() as monkeypatch:
         isolate_home(tmp_path_factory.mktemp("render-home"), monkeypatch)
         for variant in this_workers_share_first(variants):
@@ -167,9 +199,11 @@ def pytest_summary_line(result: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", [as_param(name) for name in HEAVIEST_FIRST])
+@pytest.mark.parametrize("variant", HEAVIEST_FIRST)
 def test_variant_renders_lints_and_passes_its_own_tests(matrix, variant, record_property):
     project = matrix.project(variant)
+    if loads_deepspeed_ops(variant):
+        wait_for_ops(matrix.folder)
     started = time.monotonic()
     assert ruff(project, "check").returncode == 0
     assert ruff(project, "format", "--check").returncode == 0
