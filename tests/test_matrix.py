@@ -130,10 +130,10 @@ def start_ops_build(folder: Path) -> None:
     runs the variants queued before the ZeRO ones: a rendered test that loaded them first would
     wait on torch's build lock inside its own time limit. The build's output goes to
     `folder/ops.log`, its exit status to `folder/ops.status` (`wait_for_ops`)."""
+    log = folder / "ops.log"
     with FileLock(folder / "ops.lock"):
-        if (folder / "ops.log").exists():
+        if log.exists():
             return
-        log = folder / "ops.log"
         command = '"$0" "$1" >"$2" 2>&1; echo $? >"$3.part" && mv "$3.part" "$3"'
         arguments = [sys.executable, str(OPS_BUILD), str(log), str(folder / "ops.status")]
         log.touch()
