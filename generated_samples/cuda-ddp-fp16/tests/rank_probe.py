@@ -47,7 +47,7 @@ def record_compute_dtypes(model: nn.Module) -> set[str]:
     """Collects the output dtype of every linear and convolution layer as training runs."""
     seen: set[str] = set()
     for module in model.modules():
-        if isinstance(module, (nn.Linear, nn.Conv2d)):
+        if isinstance(module, nn.Linear | nn.Conv2d):
             module.register_forward_hook(lambda _module, _inputs, out: seen.add(str(out.dtype)))
     return seen
 

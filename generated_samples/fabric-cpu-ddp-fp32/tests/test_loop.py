@@ -101,7 +101,7 @@ def test_layers_compute_in_the_rendered_dtype(config):
     seen: set[torch.dtype] = set()
     model = build_model(config)
     for module in model.modules():
-        if isinstance(module, (torch.nn.Linear, torch.nn.Conv2d)):
+        if isinstance(module, torch.nn.Linear | torch.nn.Conv2d):
             module.register_forward_hook(lambda _module, _inputs, out: seen.add(out.dtype))
     sgd_updates(model, [first_batch(config, size=8)], config)
     assert seen == {engine_module.COMPUTE_DTYPE}

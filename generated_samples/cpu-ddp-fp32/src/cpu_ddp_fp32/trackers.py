@@ -58,6 +58,7 @@ class WandbTracker:
         import wandb  # the optional extra; `check_trackers` made sure it is there
 
         name = run_dir.resolve().name
+        run_dir.mkdir(parents=True, exist_ok=True)  # W&B 0.17 writes to /tmp without it
         self.wandb = wandb
         self.run = wandb.init(
             project=config.wandb_project,

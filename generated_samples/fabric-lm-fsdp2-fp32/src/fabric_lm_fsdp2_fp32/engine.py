@@ -185,7 +185,9 @@ class Engine:
         path = folder / ENGINE_FOLDER
         self.optimizer.zero_grad(set_to_none=True)  # see fsdp2.py's load: pytorch#140898
         try:
-            self.fabric.load(path, self._states(), strict=True, weights_only=True)
+            # torch.load's own default since torch 2.6 is weights_only=True; Fabric.load takes
+            # the argument only from Lightning 2.6.1
+            self.fabric.load(path, self._states(), strict=True)
         except (Exception, CheckpointException) as error:  # missing, torn or foreign
             reason = f"{type(error).__name__}: {error}".splitlines()[0]
             raise ValueError(f"{path} does not load ({reason}); move {folder} away") from error
