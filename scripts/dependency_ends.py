@@ -4,14 +4,18 @@
     python3 scripts/dependency_ends.py --end lowest --family zero
     python3 scripts/dependency_ends.py --torch-index https://download.pytorch.org/whl/cpu
 
-`lowest` installs every dependency at exactly the lower bound the project declares
-(`constraints/lowest*.txt`, kept equal to the templates by tests/test_dependency_ends.py);
-`newest` installs the newest releases the package registry serves. Each end gets its own virtual
-environment under `.venv-ends/` (reused while its constraints are unchanged; `newest` is upgraded
-on every run), a fresh copy of the family's sample from `generated_samples/`, and runs what the
-project's own CI runs: `ruff check`, `ruff format --check` and `pytest`. A table at the end gives,
-per family and end, the versions installed, the lint and test results and the seconds taken; the
-exit status is 1 if any of them failed.
+`lowest` installs every dependency a project declares at exactly its lower bound
+(`constraints/lowest*.txt`, kept equal to the templates by tests/test_dependency_ends.py; what
+those pull in resolves as pip resolves it); `newest` installs the newest releases the package
+registry serves. The families of one end share a virtual environment under `.venv-ends/` (at the
+lowest end one per constraints file, reused while it is unchanged; `newest` is upgraded on every
+run), so a package one project does not declare may be present there: `--family` alone, as the
+workflow's jobs run it, sees one project's declarations by themselves. Each family gets a fresh
+copy of its sample from `generated_samples/` and runs what the project's own CI runs: `ruff
+check`, `ruff format --check` and `pytest`, with the Python that runs this script (3.11 here and
+in the workflow). A table at the end gives, per family and end, the versions installed, the lint
+and test results and the seconds taken; the exit status is 1 if any of them failed. The full
+output is in `.venv-ends/log.txt`.
 
 PyPI's Linux torch is the CUDA build, several GB per environment; `--torch-index` points pip at
 PyTorch's CPU wheels where that index is reachable. Without a CUDA device the environments drop
@@ -26,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -46,6 +51,8 @@ FAMILIES = {
     "fabric-fsdp2": "fabric-lm-fsdp2-fp32",
     "accelerate": "accelerate-cuda-ddp-bf16",
 }
+COMMAND_TIMEOUT_S = 45 * 60  # the slowest suite takes ~6 minutes on 2 cores
+TIMED_OUT = 124
 REPORTED = ("torch", "numpy", "lightning", "accelerate", "deepspeed", "ruff", "pytest")
 
 
@@ -79,6 +86,12 @@ class Outcome:
     counts: dict[str, int]
     tests_ok: bool
     seconds: float
+    problem: str = ""
+
+    @classmethod
+    def unbuilt(cls, family: str, end: str, problem: str) -> Outcome:
+        """A family whose environment could not be built."""
+        return cls(family, FAMILIES[family], end, {}, False, {}, False, 0.0, problem)
 
     @property
     def ok(self) -> bool:
@@ -86,7 +99,8 @@ class Outcome:
 
     def row(self) -> str:
         versions = ", ".join(f"{name} {version}" for name, version in self.versions.items())
-        tests = ", ".join(f"{count} {kind}" for kind, count in self.counts.items()) or "no summary"
+        tests = ", ".join(f"{count} {kind}" for kind, count in self.counts.items())
+        tests = self.problem or tests or "no summary"
         verdict = "passed" if self.ok else "FAILED"
         lint = "ok" if self.lint_ok else "FAILED"
         return (
@@ -96,17 +110,34 @@ class Outcome:
 
 
 def run(command: list[str], cwd: Path, env: dict[str, str], log: Path) -> tuple[int, str]:
-    """Run `command`, echo its output to `log`, return (exit status, output)."""
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
-    output = done.stdout + done.stderr
+    """Run `command` with its output appended to `log` as it comes; return (exit status, output).
+
+    A command still running after COMMAND_TIMEOUT_S seconds is killed with its children (a hung
+    collective, say) and returns TIMED_OUT.
+    """
     with open(log, "a") as file:
-        file.write(f"$ {' '.join(command)}  (in {cwd})\n{output}\n")
-    return done.returncode, output
+        file.write(f"$ {' '.join(command)}  (in {cwd})\n")
+        file.flush()
+        start = file.tell()
+        process = subprocess.Popen(
+            command, cwd=cwd, env=env, stdout=file, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            status = process.wait(timeout=COMMAND_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            status = TIMED_OUT
+            file.write(f"\nkilled after {COMMAND_TIMEOUT_S} s\n")
+    with open(log) as file:
+        file.seek(start)
+        return status, file.read()
 
 
 def pip_environment() -> dict[str, str]:
-    # A machine-wide pip configuration (a cap on torch, an index) must not move either end.
-    return {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    # Machine-wide pip settings (a cap on torch, another index) must not move either end.
+    kept = {name: value for name, value in os.environ.items() if not name.startswith("PIP_")}
+    return {**kept, "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
 
 
 def build_environment(
@@ -164,7 +195,9 @@ def installed_versions(python: Path) -> dict[str, str]:
     return json.loads(output.stdout)
 
 
-def run_family(family: str, end: str, project: Path, python: Path, log: Path) -> Outcome:
+def run_family(
+    family: str, end: str, project: Path, python: Path, versions: dict[str, str], log: Path
+) -> Outcome:
     """Lint and test one copied project with `python`'s environment."""
     bin_dir = python.parent
     env = {
@@ -188,9 +221,7 @@ def run_family(family: str, end: str, project: Path, python: Path, log: Path) ->
         family=family,
         variant=project.name,
         end=end,
-        versions={
-            name: v for name, v in installed_versions(python).items() if name in declared(project)
-        },
+        versions={name: v for name, v in versions.items() if name in declared(project)},
         lint_ok=check == 0 and form == 0,
         counts=counts,
         tests_ok=status == 0 and counts.get("passed", 0) > 0,
@@ -209,8 +240,12 @@ def fresh_copy(variant: str) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--end", action="append", choices=["lowest", "newest"])
-    parser.add_argument("--family", action="append", choices=sorted(FAMILIES))
+    parser.add_argument(
+        "--end", action="append", choices=["lowest", "newest"], help="repeatable; default: both"
+    )
+    parser.add_argument(
+        "--family", action="append", choices=list(FAMILIES), help="repeatable; default: all"
+    )
     parser.add_argument("--torch-index", help="an extra pip index for torch (its CPU wheels)")
     args = parser.parse_args(argv)
     ends = args.end or ["lowest", "newest"]
@@ -234,11 +269,16 @@ def main(argv: list[str] | None = None) -> int:
             plans = [("newest", None, families)]
         for name, constraints, group in plans:
             print(f"{end}: installing {', '.join(group)} into .venv-ends/{name}", flush=True)
-            python = build_environment(
-                name, [projects[f] for f in group], constraints, args.torch_index, log
-            )
-            for family in group:
-                outcome = run_family(family, end, projects[family], python, log)
+            try:
+                python = build_environment(
+                    name, [projects[f] for f in group], constraints, args.torch_index, log
+                )
+                versions = installed_versions(python)
+            except (RuntimeError, OSError, subprocess.CalledProcessError) as error:
+                results = [Outcome.unbuilt(family, end, str(error)) for family in group]
+            else:
+                results = (run_family(f, end, projects[f], python, versions, log) for f in group)
+            for outcome in results:
                 print(outcome.row(), flush=True)
                 outcomes.append(outcome)
     print("\n| family | sample | end | verdict | versions | lint | tests | seconds |")

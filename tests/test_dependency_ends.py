@@ -102,11 +102,13 @@ def test_the_families_cover_every_engine_of_every_sample_once():
 def test_the_development_pins_a_readme_names_are_scaffolds_own():
     dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     exact = {Requirement(line).name: Requirement(line).specifier for line in dev["dev"]}
-    readme = (SAMPLES / "fabric-lm-fsdp2-fp32" / "README.md").read_text()
-    named = re.search(r"development pins \(([^)]*)\)", readme.replace("\n", " ")).group(1)
-    for item in named.split(", "):
-        name, version = item.lower().split(" ")
-        assert str(exact[name]) == f"=={version}", item
+    for variant in ["fabric-lm-fsdp2-fp32", "lm-zero3-bf16", "accelerate-cuda-ddp-bf16"]:
+        readme = (SAMPLES / variant / "README.md").read_text().replace("\n", " ")
+        named = re.search(r"development pins \(([^)]*)\)", readme).group(1)
+        assert len(named.split(", ")) == 2, named  # torch and the engine's library
+        for item in named.split(", "):
+            name, version = item.lower().split(" ")
+            assert str(exact[name]) == f"=={version}", f"{variant}: {item}"
 
 
 def test_the_summary_line_of_pytest_becomes_counts():
@@ -120,3 +122,21 @@ def test_the_workflow_runs_every_family_at_both_ends():
     matrix = yaml.safe_load(workflow.read_text())["jobs"]["dependency-ends"]["strategy"]["matrix"]
     assert matrix["family"] == list(ends.FAMILIES)
     assert matrix["end"] == ["lowest", "newest"]
+
+
+def test_a_command_keeps_its_output_and_one_that_hangs_is_killed(tmp_path, monkeypatch):
+    log = tmp_path / "log.txt"
+    status, output = ends.run(["python3", "-c", "print('hello')"], tmp_path, {}, log)
+    assert (status, output) == (0, "hello\n")
+    monkeypatch.setattr(ends, "COMMAND_TIMEOUT_S", 0.5)
+    status, output = ends.run(["sleep", "30"], tmp_path, {"PATH": "/usr/bin:/bin"}, log)
+    assert status == ends.TIMED_OUT and "killed after" in output
+    assert log.read_text().count("$ ") == 2
+
+
+def test_a_family_without_an_environment_is_a_failed_row_and_pip_settings_stay_out(monkeypatch):
+    row = ends.Outcome.unbuilt("zero", "lowest", "pip failed for lowest").row()
+    assert "| FAILED |" in row and "pip failed for lowest" in row
+    monkeypatch.setenv("PIP_CONSTRAINT", "/etc/xdg/pip/constraints.txt")
+    environment = ends.pip_environment()
+    assert "PIP_CONSTRAINT" not in environment and environment["PIP_CONFIG_FILE"] == "/dev/null"
