@@ -177,7 +177,7 @@ def within_accumulation(recipe: Recipe, micro_batch: int, world_size: int) -> Re
     return dataclasses.replace(recipe, sequences=sequences, lr=lr, warmup_steps=warmup, notes=notes)
 
 
-# The language-model example's run (its config_fields.py): epochs over the corpus, and the share
+# The language-model example's run (its task_config.py): epochs over the corpus, and the share
 # of the corpus held out for validation.
 LM_EPOCHS = 4
 LM_VAL_FRACTION = 0.1

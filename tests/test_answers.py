@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-import importlib.util
+import importlib
 import sys
 from pathlib import Path
 
@@ -136,13 +136,14 @@ def test_variants_cover_every_renderable_value():
 @functools.cache
 def rendered_parse_param_count():
     """The model-size rule of a rendered project (`config.parse_param_count` of the default
-    sample), imported without its package: config.py needs only the standard library."""
-    path = next((REPO_ROOT / "generated_samples" / DEFAULT_VARIANT / "src").glob("*/config.py"))
-    spec = importlib.util.spec_from_file_location("rendered_config", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
-    spec.loader.exec_module(module)
-    return module.parse_param_count
+    sample), imported from its package: config.py needs only the standard library and the
+    task's settings (task_config.py, standard library too)."""
+    package = next((REPO_ROOT / "generated_samples" / DEFAULT_VARIANT / "src").glob("*/config.py"))
+    sys.path.insert(0, str(package.parent.parent))
+    try:
+        return importlib.import_module(f"{package.parent.name}.config").parse_param_count
+    finally:
+        sys.path.pop(0)
 
 
 MODEL_SIZES = ["100K", "1.5m", "7B", "4096", "1e6", "2.5E3K", " 10M ", "1"]

@@ -38,6 +38,7 @@ DEFAULT_FILES = {
     f"src/demo/{name}.py"
     for name in (
         "__init__",
+        "amp",
         "build",
         "checkpoint",
         "config",
@@ -52,6 +53,7 @@ DEFAULT_FILES = {
         "preemption",
         "profiling",
         "progress",
+        "replicated",
         "report",
         "resume",
         "run_folder",
@@ -59,6 +61,7 @@ DEFAULT_FILES = {
         "safeguards",
         "state_io",
         "task",
+        "task_config",
         "trackers",
         "train",
     )

@@ -70,10 +70,13 @@ def test_every_framework_strategy_and_precision_renders_clean(tmp_path_factory, 
     """Also under a name that sorts before `conftest`: the tests' imports stay sorted."""
     project = framework_render(tmp_path_factory, name)
     assert_clean(project)
-    engine = (project / "src" / project.name.replace("-", "_") / "engine.py").read_text()
+    package = project / "src" / project.name.replace("-", "_")
     framework, precision = (FRAMEWORK_RENDERS[name][key] for key in ("framework", "precision"))
-    assert ("Fabric(" if framework == "fabric" else "Accelerator(") in engine
-    step = engine[engine.index("def clip_and_step") :]
+    engine = (package / "engine.py").read_text()
+    shared_step = package / f"{framework}_step.py"  # the replicated engines' shared verbs
+    verbs = shared_step.read_text() if shared_step.exists() else engine
+    assert ("Fabric(" if framework == "fabric" else "Accelerator(") in engine + verbs
+    step = verbs[verbs.index("def clip_and_step") :]
     clip = step.index("clip_gradients(" if framework == "fabric" else "clip_grad_norm_(")
     assert clip < step.index("self.optimizer.step()")  # the frameworks unscale inside clipping
     launch_config = project / "launch" / "accelerate_config.yaml"
@@ -86,12 +89,13 @@ def test_fabric_fp16_hands_fabric_its_own_loss_scaler(tmp_path_factory):
     """Fabric turns "16-mixed" on a CPU into another precision unless handed a scaler."""
     project = framework_render(tmp_path_factory, "fabric-single-fp16")
     engine = (project / "src" / "aa_fabric_single_fp16" / "engine.py").read_text()
-    assert 'COMPUTE_DTYPE: "16-mixed"' in engine and "GradScaler(device.type, enabled=" in engine
+    step = (project / "src" / "aa_fabric_single_fp16" / "fabric_step.py").read_text()
+    assert 'FABRIC_PRECISION = "16-mixed"' in engine and "GradScaler(device.type, enabled=" in step
     assert "plugins=[plugin]" in engine and "precision=" not in engine.split("Fabric(")[1][:300]
 
 
 def test_precision_is_data_in_one_engine_text(tmp_path_factory):
-    """bf16 and fp16 render the same engine but for three constants; the fp16 step unscales
+    """bf16 and fp16 render the same engine but for three constants; the step (amp.py) unscales
     before it clips."""
     engines = {}
     for variant in ("cuda-single-bf16", "cuda-single-fp16"):
@@ -103,7 +107,8 @@ def test_precision_is_data_in_one_engine_text(tmp_path_factory):
     assert "COMPUTE_DTYPE = torch.float16" in fp16 and "GRAD_SCALER = True" in fp16
     constants = re.compile(r"^(STRATEGY|PRECISION|COMPUTE_DTYPE|GRAD_SCALER) = .*$", re.M)
     assert constants.sub("", bf16) == constants.sub("", fp16)
-    step = fp16[fp16.index("def clip_and_step") :]
+    amp = (project / "src" / "cuda_single_fp16" / "amp.py").read_text()
+    step = amp[amp.index("def clip_and_step") :]
     unscale, clip = step.index("unscale_(self.optimizer)"), step.index("clip_grad_norm_")
     assert unscale < clip < step.index("scaler.step(self.optimizer)")
 

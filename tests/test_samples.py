@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -10,7 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jinja2
 import pytest
+import yaml
 from shared_renders import raw_render
 
 import scaffold.samples
@@ -247,3 +250,43 @@ def test_a_7b_plan_renders_a_project_whose_config_a_user_could_launch(tmp_path):
     ladder = ["tests/test_model.py", "tests/test_build.py", "tests/test_loop.py"]
     tests = run_in_project(project, "-m", "pytest", "-q", "-p", "no:cacheprovider", *ladder)
     assert tests.returncode == 0, tests.stdout[-3000:]
+
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+WRAPPER = re.compile(r"\A\{% include [^%]+ %\}\n?\Z")
+# Files that still include a piece of another: the task's settings in the config, its fields
+# in config.py and its test settings (until the task has a config file of its own).
+TASK_SNIPPETS = {"train.toml.jinja", "config.py.jinja", "conftest.py.jinja"}
+
+
+def test_every_rendered_file_has_exactly_one_source_in_the_template():
+    """No Jinja inheritance or snippets: no template file extends another or fills blocks; a
+    file under `project/` is either whole or a one-line include of one whole file; an engine
+    file's only template values are rendered constants (`{{ }}`, never `{%`); and each file of
+    every sample is the render of exactly one template file."""
+    sources = [p for p in (TEMPLATES / "project").rglob("*") if p.is_file()]
+    for path in [*sources, *(TEMPLATES / "_variants").rglob("*.jinja")]:
+        text = path.read_text(errors="replace")
+        assert "{% extends" not in text and "{% block" not in text, path
+    for path in sources:
+        text = path.read_text(errors="replace")
+        if "{% include" in text and path.name not in {"README.md.jinja", *TASK_SNIPPETS}:
+            assert WRAPPER.match(text), f"{path}: an include must be the whole file"
+    for path in (TEMPLATES / "_variants" / "engine").rglob("*"):
+        if path.is_file():
+            assert "{%" not in path.read_text(), f"{path}: an engine renders constants only"
+
+    environment = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    for sample in sorted(p for p in SAMPLES.iterdir() if p.is_dir()):
+        answers = yaml.safe_load((sample / ".copier-answers.yml").read_text())
+        answers["_copier_conf"] = {"answers_file": ".copier-answers.yml"}
+        rendered = collections.Counter()
+        for source in sources:
+            relative = source.relative_to(TEMPLATES / "project").as_posix()
+            target = environment.from_string(relative).render(answers).removesuffix(".jinja")
+            if all(target.split("/")):  # copier skips a path with an empty part
+                rendered[target] += 1
+        for path in sample.rglob("*"):
+            if path.is_file() and not {"__pycache__", ".ruff_cache"} & set(path.parts):
+                relative = path.relative_to(sample).as_posix()
+                assert rendered[relative] == 1, (sample.name, relative, rendered[relative])

@@ -3,6 +3,7 @@ copying templates/ and changing a line of the loop, a line of the config, and th
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -50,7 +51,7 @@ def new_template(tmp_path_factory) -> Path:
     template = tmp_path_factory.mktemp("template-v2") / "templates"
     shutil.copytree(REPO_ROOT / "templates", template)
     package = template / "project" / "src" / "{{package_name}}"
-    engine = template / "_variants" / "engine" / "replicated.py.jinja"
+    engine = package / "replicated.py.jinja"  # the replicated engines' shared verbs
     for path, line, fix in [
         (package / "train.py.jinja", LOOP_LINE, LOOP_FIX),
         (engine, ENGINE_LINE, ENGINE_FIX),
@@ -221,7 +222,7 @@ def test_changing_an_answer_re_renders_and_the_tests_still_pass(tmp_path_factory
 UNTOUCHED_BY_V2 = ["src/demo/model.py", "src/demo/data.py", "README.md", "src/demo/optim.py"]
 
 
-MY_DATA = '''"""My data: random 8x8 images, labelled by their largest of the first 4 pixels."""
+MY_DATA = '''"""My data: a noisy linear function of 8 features, the targets standardised."""
 
 from __future__ import annotations
 
@@ -230,46 +231,50 @@ from torch.utils.data import Dataset
 
 from .config import Config
 
-NUM_CLASSES = 4
+FEATURES = 8
 
 
-class Blobs(Dataset):
-    def __init__(self, count: int, seed: int):
-        generator = torch.Generator().manual_seed(seed)
-        self.images = torch.randn(count, 1, 8, 8, generator=generator)
-        self.labels = self.images.flatten(1)[:, :NUM_CLASSES].argmax(dim=1)
+class Points(Dataset):
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor):
+        self.inputs, self.targets = inputs, targets
 
     def __len__(self) -> int:
-        return len(self.labels)
+        return len(self.targets)
 
     def __getitem__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         index = torch.as_tensor(indices, dtype=torch.long)
-        return self.images[index], self.labels[index]
+        return self.inputs[index], self.targets[index]
 
 
-def build_datasets(config: Config) -> tuple[Blobs, Blobs]:
-    return Blobs(512, config.seed), Blobs(128, config.seed + 1)
+def build_datasets(config: Config) -> tuple[Points, Points]:
+    generator = torch.Generator().manual_seed(config.seed)
+    inputs = torch.randn(1600, FEATURES, generator=generator)
+    weights = torch.randn(FEATURES, generator=generator)
+    targets = inputs @ weights + 0.1 * torch.randn(1600, generator=generator)
+    targets = (targets - targets.mean()) / targets.std()
+    cut = int(len(targets) * (1 - config.val_fraction))
+    return Points(inputs[:cut], targets[:cut]), Points(inputs[cut:], targets[cut:])
 '''
-MY_MODEL = '''"""My model: an MLP."""
+MY_MODEL = '''"""My model: an MLP with one output."""
 
 from __future__ import annotations
 
 from torch import Tensor, nn
 
 from .config import Config
-from .data import NUM_CLASSES
+from .data import FEATURES
 
 
 class MLP(nn.Module):
     def __init__(self, dropout: float):
         super().__init__()
-        self.body = nn.Sequential(nn.Flatten(), nn.Linear(64, 128), nn.GELU(), nn.Dropout(dropout))
-        self.head = nn.Linear(128, NUM_CLASSES)
+        self.body = nn.Sequential(nn.Linear(FEATURES, 128), nn.GELU(), nn.Dropout(dropout))
+        self.head = nn.Linear(128, 1)
         nn.init.normal_(self.head.weight, std=1e-3)
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, images: Tensor) -> Tensor:
-        return self.head(self.body(images))
+    def forward(self, inputs: Tensor) -> Tensor:
+        return self.head(self.body(inputs)).squeeze(-1)
 
     def shard_units(self) -> list[nn.Module]:
         return [self.body]
@@ -278,39 +283,138 @@ class MLP(nn.Module):
 def build_model(config: Config) -> MLP:
     return MLP(config.dropout)
 '''
+MY_TASK = '''"""My task: regression. Mean squared error; validation MSE and R^2."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .runtime import Runtime
+
+EXPECTED_INITIAL_LOSS = 1.0  # standardised targets, predictions near 0
+METRICS = {"val_loss": "min", "val_r2": "max"}
+SUMS = ("squared_error", "target", "target_squared", "count")
+
+
+def loss_fn(predictions: Tensor, targets: Tensor) -> Tensor:
+    return F.mse_loss(predictions.float(), targets)
+
+
+def micro_batch_weights(targets: list[Tensor], runtime: Runtime) -> list[float]:
+    return [1.0] * len(targets)
+
+
+def eval_sums(predictions: Tensor, targets: Tensor) -> Tensor:
+    error, target = predictions.double() - targets.double(), targets.double()
+    count = torch.tensor(float(len(targets)), dtype=torch.float64, device=targets.device)
+    return torch.stack([(error**2).sum(), target.sum(), (target**2).sum(), count])
+
+
+def validation_metrics(totals: dict[str, float]) -> dict[str, float]:
+    count = totals["count"]
+    spread = totals["target_squared"] - totals["target"] ** 2 / count
+    return {
+        "val_loss": totals["squared_error"] / count,
+        "val_r2": 1 - totals["squared_error"] / spread,
+    }
+
+
+def throughput(summary: dict[str, Any]) -> dict[str, float]:
+    return {"samples_per_second": summary["samples"] / max(summary["train_seconds"], 1e-9)}
+
+
+def describe_throughput(summary: dict[str, Any]) -> str:
+    return f"{summary['samples_per_second']:,.0f} points/s"
+'''
+MY_TASK_CONFIG = '''"""My task's settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    run_dir: str = "runs/points"
+    val_fraction: float = 0.2
+    dropout: float = 0.0
+    epochs: int = 10
+    micro_batch_size: int = 64
+    min_lr_ratio: float = 0.05
+    warmup_steps: int = 20
+    weight_decay: float = 0.01
+    early_stop_patience: int = 3
+    task_resume_keys: ClassVar[tuple[str, ...]] = ("val_fraction",)
+
+    def task_problems(self) -> list[str]:
+        return [] if 0 < self.val_fraction < 1 else ["val_fraction must be in (0, 1)"]
+'''
 MY_TESTS = '''"""Tests of my data."""
 
-from demo.data import NUM_CLASSES, build_datasets
+from demo.data import FEATURES, build_datasets
 
 
-def test_labels_are_in_range(config):
+def test_points_have_their_features(config):
     train, _ = build_datasets(config)
-    assert train.labels.max() < NUM_CLASSES
+    assert train.inputs.shape[1] == FEATURES and abs(train.targets.std() - 1) < 0.1
 '''
+# Rungs 4 and 5 of the ladder: a short run moves validation, a resume is bitwise.
+LADDER_RUNS = [
+    "short_run_moves_the_validation_metric_and_writes_the_summary",
+    "resume_mid_epoch_reproduces_the_straight_run_bitwise",
+]
 
 
-def test_a_users_own_model_and_data_merge_cleanly_with_machinery_fixes(project, new_template):
-    """The user swaps in their own model, data and tests (the files the README says they own);
-    an update that fixes the loop, the engine and the loader merges without a conflict, leaves
-    their files alone, and the sanity ladder still passes on their model."""
+def my_train_toml(text: str) -> str:
+    """configs/train.toml without the example's own setting, with my task's monitor."""
+    lines = [line for line in text.splitlines() if not line.startswith("augment =")]
+    text = "\n".join(lines) + "\n"
+    text = re.sub(r'^run_dir = "[^"]*"', 'run_dir = "runs/points"', text, flags=re.M)
+    return re.sub(r'^monitor = "val_loss"', 'monitor = "val_r2"', text, flags=re.M)
+
+
+def test_a_users_own_regression_task_passes_the_ladder_and_merges_machinery_fixes(
+    project, new_template
+):
+    """The user swaps the classification example for a regression (MSE loss, an R^2 metric,
+    `monitor = "val_r2"`, higher is better) in the files the README says they own: model,
+    data, task, task settings, their values and the example's tests. An update that fixes the
+    loop, the engine, the loader and the config merges without a conflict and leaves their
+    files alone; the sanity ladder passes on their task, and a run's summary reports their
+    metrics, none of the example's."""
+    config = project / "configs" / "train.toml"
     mine = {"src/demo/model.py": MY_MODEL, "src/demo/data.py": MY_DATA}
-    mine["tests/test_example.py"] = MY_TESTS
+    mine |= {"src/demo/task.py": MY_TASK, "src/demo/task_config.py": MY_TASK_CONFIG}
+    mine |= {"tests/test_example.py": MY_TESTS}
     for relative, text in mine.items():
         (project / relative).write_text(text)
-    commit_all(project, "my model and data")
+    config.write_text(my_train_toml(config.read_text()))
+    commit_all(project, "my regression task")
     result = update(project, new_template)
     assert result.returncode == 0, result.stderr
     for relative, text in mine.items():
         assert (project / relative).read_text() == text, relative
+    assert 'monitor = "val_r2"' in config.read_text() and CONFIG_FIX in config.read_text()
     package = project / "src" / "demo"
     assert LOOP_FIX in (package / "train.py").read_text()
-    assert ENGINE_FIX in (package / "engine.py").read_text()
+    assert ENGINE_FIX in (package / "replicated.py").read_text()
     assert LOADER_FIX in (package / "loader.py").read_text()
     assert "<<<<<<<" not in git(project, "diff") and not list(project.rglob("*.rej"))
     ladder = ["tests/test_model.py", "tests/test_loop.py", "tests/test_example.py"]
     ladder += ["tests/test_build.py"]  # their MLP has no init_tensor: it is built whole
+    ladder += [f"tests/test_train.py::test_{name}" for name in LADDER_RUNS]
     tests = run_in_project(project, "-m", "pytest", "-q", "-p", "no:cacheprovider", *ladder)
     assert tests.returncode == 0, tests.stdout[-3000:]
+    run = run_in_project(project, "-m", "demo.train", "epochs=3", "tensorboard=false")
+    assert run.returncode == 0, run.stderr[-3000:]
+    written = json.loads((project / "runs" / "points" / "summary.json").read_text())
+    assert written["val_r2"] > 0.5 and "val_accuracy" not in written, written
+    assert "best val_r2" in (project / "runs" / "points" / "summary.md").read_text()
 
 
 EDIT_TEXT = st.text(

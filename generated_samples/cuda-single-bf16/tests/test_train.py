@@ -22,7 +22,7 @@ from cuda_single_bf16.checkpoint import (
 from cuda_single_bf16.config import load_config
 from cuda_single_bf16.model import build_model
 from cuda_single_bf16.runtime import init_runtime
-from cuda_single_bf16.task import EXPECTED_INITIAL_LOSS
+from cuda_single_bf16.task import EXPECTED_INITIAL_LOSS, METRICS
 from cuda_single_bf16.train import Trainer
 
 from conftest import (
@@ -37,8 +37,7 @@ from conftest import (
 )
 
 SUMMARY_KEYS = {
-    "val_accuracy",
-    "val_loss",
+    *METRICS,
     "steps",
     "samples_per_second",
     "peak_memory_bytes",
@@ -56,7 +55,7 @@ def test_short_run_moves_the_validation_metric_and_writes_the_summary(config):
     assert summary["val_loss"] < 0.95 * EXPECTED_INITIAL_LOSS, summary["val_loss"]
     written = json.loads((Path(config.run_dir) / "summary.json").read_text())
     assert written.keys() >= SUMMARY_KEYS
-    assert written["val_accuracy"] == summary["val_accuracy"]
+    assert all(written[name] == summary[name] for name in METRICS)
     rates = {key: value for key, value in written.items() if key.endswith("_per_second")}
     assert rates and all(value > 0 for value in rates.values()), rates
 
@@ -89,7 +88,8 @@ def test_a_run_writes_its_weights_tensorboard_events_a_plot_and_a_trace(config):
     ]
     assert [step for step, _ in scalars["val/loss"]] == [summary["steps"]]
     assert scalars.keys() >= {"train/lr", "train/grad_norm", "train/samples_per_second"}
-    assert scalars["val/accuracy"][0][1] == pytest.approx(summary["val_accuracy"])
+    for name in METRICS:
+        assert scalars[f"val/{name.removeprefix('val_')}"][0][1] == pytest.approx(summary[name])
     assert len(list((run_dir / "tensorboard").iterdir())) == 1
     assert_loss_curve_png(run_dir / "loss_curve.png")
     trace = json.loads((run_dir / "profile" / "rank0.pt.trace.json").read_text())
@@ -127,7 +127,7 @@ def test_model_safetensors_holds_the_best_validated_weights_and_model_last_the_l
 
     def evaluate(engine, loader, between_batches):  # the first validation is the best
         validated.append({key: value.clone() for key, value in engine.full_state_dict().items()})
-        return {"val_loss": float(len(validated)), "val_accuracy": 0.5}
+        return dict.fromkeys(METRICS, 0.5) | {"val_loss": float(len(validated))}
 
     monkeypatch.setattr("cuda_single_bf16.train.evaluate", evaluate)
     summary = Trainer(config, init_runtime("cpu")).fit()

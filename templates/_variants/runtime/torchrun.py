@@ -88,7 +88,12 @@ def init_runtime(device: str) -> Runtime:
     resolved = resolve_device(device, local_rank)
     if resolved.type == "cuda":
         torch.cuda.set_device(resolved)
-{%- include "_variants/runtime/tf32.py.jinja" %}
+{%- if tf32 %}
+        # TF32 tensor cores for float32 matmuls (Ampere and newer): ~8x the fp32 rate for a
+        # 10-bit mantissa, which training tolerates (PyTorch docs, "TensorFloat-32 (TF32) on
+        # Ampere (and later) devices"). Autocast's lower-precision matmuls are not affected.
+        torch.set_float32_matmul_precision("high")
+{%- endif %}
     if not dist.is_initialized():
         backend = "nccl" if resolved.type == "cuda" else "gloo"
         if "MASTER_ADDR" in os.environ:

@@ -14,6 +14,11 @@ from .data import NUM_CLASSES
 from .runtime import Runtime
 
 EXPECTED_INITIAL_LOSS = math.log(NUM_CLASSES)  # a uniform prediction's cross-entropy
+# The validation metrics `validation_metrics` returns, and the direction in which each improves: the
+# names `monitor` may take, and those the log, the plot and the summary show.
+METRICS = {"val_loss": "min", "val_accuracy": "max"}
+# What `eval_sums` adds up over validation batches and ranks, in its order.
+SUMS = ("loss_sum", "correct", "count")
 
 
 def loss_fn(logits: Tensor, targets: Tensor) -> Tensor:
@@ -30,7 +35,7 @@ def micro_batch_weights(targets: list[Tensor], runtime: Runtime) -> list[float]:
 
 
 def eval_sums(logits: Tensor, targets: Tensor) -> Tensor:
-    """Per-batch sums `[loss_sum, correct, count]` (float64), to be summed over batches and ranks.
+    """Per-batch SUMS `[loss_sum, correct, count]` (float64), to be summed over batches and ranks.
 
     Sums, not means, so that batches (and ranks) of different sizes weigh by their sample count.
     """
@@ -38,6 +43,12 @@ def eval_sums(logits: Tensor, targets: Tensor) -> Tensor:
     correct = (logits.argmax(dim=-1) == targets).sum()
     count = torch.tensor(float(len(targets)), device=logits.device)
     return torch.stack([loss_sum.double(), correct.double(), count.double()])
+
+
+def validation_metrics(totals: dict[str, float]) -> dict[str, float]:
+    """The METRICS of a validation from the totals of its SUMS over every batch and rank."""
+    count = totals["count"]
+    return {"val_loss": totals["loss_sum"] / count, "val_accuracy": totals["correct"] / count}
 
 
 def throughput(summary: dict[str, Any]) -> dict[str, float]:

@@ -28,7 +28,7 @@ from .report import RunLog
 from .resume import DataPosition, enter_run_folder, seed_everything, start_or_resume
 from .runtime import Runtime, all_reduce_sum, init_runtime, shutdown_runtime
 from .safeguards import Safeguards
-from .task import eval_sums, loss_fn, micro_batch_weights
+from .task import SUMS, eval_sums, loss_fn, micro_batch_weights, validation_metrics
 
 
 def train_step(
@@ -57,9 +57,9 @@ def train_step(
 
 
 def evaluate(engine: Engine, loader: Iterable, between_batches: Callable[[], None]) -> dict:
-    """Validation loss and accuracy over every sample of every rank, weighted by sample count,
-    in as many passes on every rank (`padded_batches`); `between_batches()` precedes each."""
-    sums = torch.zeros(3, dtype=torch.float64, device=engine.runtime.device)
+    """The task's validation METRICS from the SUMS over every sample of every rank, in as many
+    passes on every rank (`padded_batches`); `between_batches()` precedes each."""
+    sums = torch.zeros(len(SUMS), dtype=torch.float64, device=engine.runtime.device)
     engine.module.eval()  # dropout off
     with engine.inference():
         for inputs, targets, counted in padded_batches(loader, engine.runtime):
@@ -69,8 +69,8 @@ def evaluate(engine: Engine, loader: Iterable, between_batches: Callable[[], Non
             if counted:
                 sums += eval_sums(logits, targets.to(sums.device))
     engine.module.train()
-    loss_sum, correct, count = all_reduce_sum(sums, engine.runtime).tolist()
-    return {"val_loss": loss_sum / count, "val_accuracy": correct / count}
+    totals = all_reduce_sum(sums, engine.runtime).tolist()
+    return validation_metrics(dict(zip(SUMS, totals, strict=True)))
 
 
 class Trainer:

@@ -7,7 +7,18 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import MONITOR_MODES, Config
+from .config import Config
+from .task import METRICS
+
+
+def check_monitor(monitor: str) -> None:
+    """Refuse a `monitor` that is not one of the task's validation METRICS (task.py).
+
+    Raises:
+        ValueError: naming the metrics it may take.
+    """
+    if monitor not in METRICS:
+        raise ValueError(f"monitor must be one of {sorted(METRICS)}, got {monitor!r}")
 
 
 @dataclass
@@ -65,9 +76,7 @@ class TrainState:
         """Append `metrics` to the history; return True when `monitor` improved on the best."""
         self.history.append({"epoch": self.epoch + 1, "step": self.step, **metrics})
         value = metrics[monitor]
-        better = (
-            value < self.best_value if MONITOR_MODES[monitor] == "min" else value > self.best_value
-        )
+        better = value < self.best_value if METRICS[monitor] == "min" else value > self.best_value
         if math.isnan(self.best_value) or better:
             self.best_value, self.best_step, self.best_epoch = value, self.step, self.epoch + 1
             self.epochs_without_improvement = 0

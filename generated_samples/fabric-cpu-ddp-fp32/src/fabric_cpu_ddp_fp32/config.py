@@ -10,12 +10,15 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
+
+from .task_config import TaskConfig
 
 
 @dataclass(frozen=True)
-class Config:
-    """Every hyperparameter of a run; `configs/train.toml` documents each key.
+class Config(TaskConfig):
+    """Every hyperparameter of a run: the task's (`TaskConfig`, task_config.py) and the
+    machinery's below; `configs/train.toml` documents each key.
 
     Units: `epochs` are passes over the training split; `warmup_steps`, `checkpoint_every`,
     `log_every` and `stop_after_steps` count optimizer steps (one step = `grad_accum_steps`
@@ -50,21 +53,6 @@ class Config:
     wandb_project: str = "fabric-cpu-ddp-fp32"
     plot: bool = True
     profile_steps: str = ""
-    # --- task: the example's data and schedule; yours to change with data.py and model.py ---
-    run_dir: str = "runs/digits"
-    val_fraction: float = 0.2
-    augment: bool = True
-    dropout: float = 0.1
-    epochs: int = 30
-    micro_batch_size: int = 64
-    min_lr_ratio: float = 0.05
-    warmup_steps: int = 40
-    weight_decay: float = 0.05
-    early_stop_patience: int = 5
-    task_positive_keys: ClassVar[tuple[str, ...]] = ()
-    # data settings a resume must keep (resume.py): they fix what the checkpoint trained on
-    task_resume_keys: ClassVar[tuple[str, ...]] = ()
-    # --- end of the task's section ---
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -73,9 +61,9 @@ class Config:
 
     def problems(self) -> list[str]:
         """Every value outside its range, one message per key (empty when all are valid)."""
-        problems = []
+        problems = self.task_problems()
         positive = ("epochs", "micro_batch_size", "grad_accum_steps", "lr", "max_grad_norm")
-        positive += ("max_nonfinite_steps", *self.task_positive_keys)
+        positive += ("max_nonfinite_steps",)
         for key in positive:
             if getattr(self, key) <= 0:
                 problems.append(f"{key} must be > 0, got {getattr(self, key)!r}")
@@ -84,16 +72,11 @@ class Config:
         for key in non_negative:
             if getattr(self, key) < 0:
                 problems.append(f"{key} must be >= 0, got {getattr(self, key)!r}")
-        for key in ("dropout", "min_lr_ratio", "beta1", "beta2"):
+        for key in ("min_lr_ratio", "beta1", "beta2"):
             if not 0 <= getattr(self, key) < 1:
                 problems.append(f"{key} must be in [0, 1), got {getattr(self, key)!r}")
-        if not 0 < self.val_fraction < 1:
-            problems.append(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")
         if not math.isfinite(self.lr):
             problems.append(f"lr must be a finite number, got {self.lr!r}")
-        if self.monitor not in MONITOR_MODES:
-            modes = sorted(MONITOR_MODES)
-            problems.append(f"monitor must be one of {modes}, got {self.monitor!r}")
         if self.log_every < 1:
             problems.append(f"log_every must be >= 1, got {self.log_every!r}")
         if self.logger not in LOGGERS:
@@ -154,10 +137,6 @@ def parse_param_count(size: str) -> int:
             "use e.g. 100K, 2.5M, 7B or 1e6"
         )
     return int(count)
-
-
-# The direction in which each monitored validation metric improves.
-MONITOR_MODES = {"val_loss": "min", "val_accuracy": "max"}
 
 
 def parse_command_line(argv: list[str] | None, description: str) -> tuple[Config, bool]:

@@ -27,7 +27,7 @@ from .runtime import Runtime, any_process
 # and the optimizer and LR schedule that the checkpoint restores (a changed lr or epochs would
 # be recorded but not applied); the task adds its data settings (`task_resume_keys`). To
 # change them, start a new run_dir from the saved weights.
-RESUME_INVARIANTS = ("seed", "model_size", "micro_batch_size", "grad_accum_steps", "val_fraction")
+RESUME_INVARIANTS = ("seed", "model_size", "micro_batch_size", "grad_accum_steps")
 RESUME_INVARIANTS += ("epochs", "lr", "min_lr_ratio", "warmup_steps", "weight_decay")
 RESUME_INVARIANTS += ("beta1", "beta2")
 

@@ -5,23 +5,20 @@ Every project's `engine.py` has one `Engine` with the same verbs, so `train.py` 
 strategy or a precision: `micro_step(last)`, `autocast()`, `backward(loss)`,
 `clip_and_step(max_norm)`, `save(folder)` / `load(folder)` and `full_state_dict()`.
 
-Fabric calls `shard_model` on its device mesh in `setup_module`: each of `model.shard_units()`
-is sharded over the mesh's data-parallel dimension, then the root takes what is left, so each
-rank stores 1/world_size of every parameter, gradient and optimizer state, and one unit's full
-parameters are all-gathered at a time (pytorch.org/docs/stable/distributed.fsdp.fully_shard.
-html). Fabric's `FSDPStrategy` (FSDP1) refuses CPUs; this strategy runs on both. `backward`
-and `clip_gradients` are Fabric's; checkpoints are its sharded `save` / `load`
+Fabric calls `shard_model` on its device mesh in `setup_module`, so each rank stores
+1/world_size of every parameter, gradient and optimizer state (how the model is cut:
+sharding.py). Fabric's `FSDPStrategy` (FSDP1) refuses CPUs; this strategy runs on both.
+`backward` and `clip_gradients` are Fabric's; checkpoints are its sharded `save` / `load`
 (torch.distributed.checkpoint). The process group is the one `runtime.py` joined from
 torchrun's environment.
 
-Precision is data: FSDP's `MixedPrecisionPolicy` all-gathers the fp32 parameter shards cast to
-`COMPUTE_DTYPE`, so every op computes in it without autocast (Fabric's precision stays
-"32-true"); gradients are reduce-scattered in fp32 onto the fp32 shards the optimizer steps.
+Precision is data: FSDP all-gathers the parameters in `COMPUTE_DTYPE` (fp32), so
+every op computes in it without autocast (Fabric's precision stays "32-true"); gradients are
+reduced and stepped in fp32.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Callable
 from pathlib import Path
@@ -33,14 +30,12 @@ from lightning.fabric import Fabric
 from lightning.fabric.strategies import ModelParallelStrategy
 from torch import Tensor, nn
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 from .build import materialize
 from .config import Config
 from .runtime import Runtime
+from .sharding import ShardedEngine, copy_shard, shard
 
 STRATEGY = "fsdp2"
 PRECISION = "fp32"
@@ -49,37 +44,22 @@ COMPUTE_DTYPE = torch.float32
 ENGINE_FOLDER = "engine"  # the sharded model and optimizer states in a checkpoint folder
 
 
-def copy_shard(target: Tensor, full: Tensor) -> None:
-    """`build.init_weights`'s `store` under FSDP2: a sharded parameter keeps its rank's piece
-    of the full tensor, cut as `fully_shard` cut it (dim 0, in world-size chunks); anything
-    not sharded, all of it."""
-    if isinstance(target, DTensor):
-        piece = distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=None)
-        target.to_local().copy_(piece.to_local())
-    else:
-        target.copy_(full)
-
-
 def shard_model(model: nn.Module, mesh: DeviceMesh, device: torch.device, seed: int) -> nn.Module:
     """Fabric's `parallelize_fn` (with `device` and `seed` bound): shard `model` in place over
-    the mesh's "data_parallel" dimension, its shard units first, then allocate and initialise
-    this rank's shards (build.py) while it is still on the meta device. Returns `model` (now
-    also an `FSDPModule`).
+    the mesh's "data_parallel" dimension, then allocate and initialise this rank's shards
+    (build.py) while it is still on the meta device. Returns `model` (now also an
+    `FSDPModule`).
 
     Fabric's mesh is 2-D (data_parallel x tensor_parallel); handed the whole mesh,
     `fully_shard` would replicate over the first dimension and shard over the second (HSDP):
     with tensor_parallel 1, every rank would hold the whole model.
     """
-    data_parallel = mesh["data_parallel"]
-    policy = MixedPrecisionPolicy(param_dtype=COMPUTE_DTYPE, reduce_dtype=torch.float32)
-    for unit in model.shard_units():  # bottom-up: the units, then the root
-        fully_shard(unit, mesh=data_parallel, mp_policy=policy)
-    fully_shard(model, mesh=data_parallel, mp_policy=policy)
+    shard(model, mesh["data_parallel"], COMPUTE_DTYPE)
     materialize(getattr(model, "_orig_mod", model), device, seed, store=copy_shard)  # compiled?
     return model
 
 
-class Engine:
+class Engine(ShardedEngine):
     """The sharded model, its optimizer, and the verbs of one step.
 
     `model` is the bare module, sharded in place (it is also an `FSDPModule` now); `module` is
@@ -111,11 +91,11 @@ class Engine:
             precision="32-true",
         )
         self.fabric.launch()  # under torchrun: no new processes, the group already exists
-        if (self.fabric.world_size, self.fabric.device) != (runtime.world_size, runtime.device):
+        fabric_world = (self.fabric.world_size, self.fabric.device)
+        if fabric_world != (runtime.world_size, runtime.device):
             raise ValueError(
-                f"Fabric runs on {self.fabric.device} with {self.fabric.world_size} processes, "
-                f"the project on {runtime.device} with {runtime.world_size}; "
-                "launch with torchrun"
+                f"Fabric runs {fabric_world[0]} processes on {fabric_world[1]}, the project "
+                f"{runtime.world_size} on {runtime.device}; launch with torchrun"
             )
         self.model = model  # on the meta device until `shard_model` materialises its shards
         # Fabric compiles again after sharding when handed a compiled module.
@@ -123,39 +103,6 @@ class Engine:
         self.module = self.fabric.setup_module(compiled)
         # After sharding: the optimizer must hold the shards.
         self.optimizer = self.fabric.setup_optimizers(make_optimizer(self.model))
-
-    def zero_grad(self) -> None:
-        """Drop the last step's gradients (`set_to_none`: freed, not filled with zeros)."""
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def loss_scale(self) -> float | None:
-        """None: no loss scaling in this precision."""
-        return None
-
-    def step_skipped(self) -> bool:
-        """False: nothing here skips an update (non-finite steps: see nonfinite.py)."""
-        return False
-
-    def inference(self) -> contextlib.AbstractContextManager:
-        """Context for validation's forward passes: `torch.no_grad()`, not inference mode. FSDP2
-        allocates its all-gather buffers at the first forward; made in inference mode (a
-        validation right after a resume) they are inference tensors, and the next all-gather
-        into them fails ("Inference tensors do not track version counter")."""
-        return torch.no_grad()
-
-    def micro_step(self, last: bool) -> contextlib.AbstractContextManager:
-        """Context for one micro-batch's forward + backward: gradients are reduce-scattered on
-        every micro-step, the `last` one or not.
-
-        Skipping the reduce-scatter (`no_backward_sync`) would keep a full, unsharded gradient
-        per parameter between micro-steps, accumulated in `COMPUTE_DTYPE`: more memory and
-        lossy sums. Reduced every micro-step, the gradients accumulate in fp32 on the shards.
-        """
-        return contextlib.nullcontext()
-
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """No autocast: the parameters FSDP all-gathers are already in `COMPUTE_DTYPE`."""
-        return contextlib.nullcontext()
 
     def backward(self, loss: Tensor) -> None:
         """Backward of a 0-dim loss already divided for gradient accumulation."""
@@ -183,7 +130,7 @@ class Engine:
             ValueError: the engine folder in `folder` is missing or damaged.
         """
         path = folder / ENGINE_FOLDER
-        self.optimizer.zero_grad(set_to_none=True)  # see fsdp2.py's load: pytorch#140898
+        self.optimizer.zero_grad(set_to_none=True)  # as the plain FSDP2 engine: pytorch#140898
         try:
             # torch.load's own default since torch 2.6 is weights_only=True; Fabric.load takes
             # the argument only from Lightning 2.6.1
@@ -194,14 +141,3 @@ class Engine:
 
     def _states(self) -> dict[str, Any]:
         return {"model": self.module, "optimizer": self.optimizer}
-
-    def full_state_dict(self) -> dict[str, Tensor]:
-        """The whole, unsharded state dict on the CPU of every rank (a collective; keys without
-        wrapper prefixes).
-
-        Every rank holds all of it at once: for a model larger than one host's memory, convert
-        a checkpoint offline with `torch.distributed.checkpoint.format_utils.dcp_to_torch_save`.
-        """
-        options = StateDictOptions(full_state_dict=True)
-        full_state = get_model_state_dict(self.model, options=options)
-        return {name: value.cpu() for name, value in full_state.items()}

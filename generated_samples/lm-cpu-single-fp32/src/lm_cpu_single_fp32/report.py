@@ -21,10 +21,10 @@ from .config import Config
 from .engine import FRAMEWORK, PRECISION, STRATEGY
 from .plot import PLOT_FILE, read_records, write_plot
 from .profiling import ProfileWindow
-from .progress import TrainState
+from .progress import TrainState, check_monitor
 from .runtime import Runtime, all_reduce_sum
 from .state_io import atomic_write_text
-from .task import EXPECTED_INITIAL_LOSS, describe_throughput, throughput
+from .task import EXPECTED_INITIAL_LOSS, METRICS, describe_throughput, throughput
 from .trackers import Tracker, check_trackers, open_trackers, scalar_tags
 
 
@@ -36,7 +36,8 @@ class RunLog:
     profiler trace. Used as a context, it closes on the way out.
 
     Raises:
-        ValueError: a tracker the config asks for is not installed (`check_trackers`).
+        ValueError: a tracker the config asks for is not installed (`check_trackers`), or
+            `monitor` is not one of the task's metrics (`check_monitor`).
     """
 
     def __init__(self, config: Config, runtime: Runtime, parameters: int):
@@ -47,6 +48,7 @@ class RunLog:
         self.epoch_start = 0.0
         self.since_log = (0.0, 0)  # clock and sample count at the last train log line
         check_trackers(config)
+        check_monitor(config.monitor)
         self.trackers: list[Tracker] = []
         self.profile = ProfileWindow(config, runtime)
 
@@ -257,7 +259,7 @@ def build_summary(
     `data_seconds` (waiting on the loader); rates are per second of training time.
     `parameters` is the model's parameter count, taken before any wrapper partitioned it.
     """
-    last = state.history[-1] if state.history else {"val_loss": math.nan, "val_accuracy": math.nan}
+    last = state.history[-1] if state.history else dict.fromkeys(METRICS, math.nan)
     best_pointer = checkpoint_dir / "best"  # names the best step folder
     best = checkpoint_dir / best_pointer.read_text().strip() if best_pointer.is_file() else None
     summary = {
@@ -278,8 +280,7 @@ def build_summary(
         "initial_loss": state.initial_loss,
         "expected_initial_loss": EXPECTED_INITIAL_LOSS,
         "resumed_from": resumed_from,
-        "val_loss": last["val_loss"],
-        "val_accuracy": last["val_accuracy"],
+        **{name: last[name] for name in METRICS},
         "best": {"value": state.best_value, "step": state.best_step, "epoch": state.best_epoch},
         "checkpoint": str(best or checkpoint_dir),
         "samples": stats["samples"],
@@ -334,8 +335,8 @@ def _results(summary: dict[str, Any]) -> str:
             f"checkpoint {summary['checkpoint']}"
         )
     return (
-        f"**Results:** val accuracy {summary['val_accuracy']:.4f}, val loss "
-        f"{summary['val_loss']:.4f}; best {monitor} {best['value']:.4f} at step "
+        f"**Results:** {', '.join(f'{name} {summary[name]:.4f}' for name in METRICS)}; "
+        f"best {monitor} {best['value']:.4f} at step "
         f"{best['step']} (epoch {best['epoch']}); checkpoint {summary['checkpoint']}"
     )
 

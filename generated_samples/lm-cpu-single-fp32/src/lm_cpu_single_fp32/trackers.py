@@ -2,8 +2,8 @@
 `<run_dir>/tensorboard/` (on by default) and, optionally, Weights & Biases.
 
 Only the main process opens trackers. Tags are `<kind>/<name>`: `train/loss`, `train/lr`,
-`train/grad_norm`, `train/samples_per_second`, `val/loss`, `val/accuracy`; the step of every
-value is the optimizer step it belongs to.
+`train/grad_norm`, `train/samples_per_second`, and `val/<metric>` for each of the task's
+validation metrics (`val/loss`...); the step of every value is the optimizer step it belongs to.
 """
 
 from __future__ import annotations

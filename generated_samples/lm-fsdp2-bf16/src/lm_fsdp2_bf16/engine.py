@@ -4,21 +4,17 @@ Every project's `engine.py` has one `Engine` with the same verbs, so `train.py` 
 strategy or a precision: `micro_step(last)`, `autocast()`, `backward(loss)`,
 `clip_and_step(max_norm)`, `save(folder)` / `load(folder)` and `full_state_dict()`.
 
-Each rank stores 1/world_size of every parameter, gradient and optimizer state (DTensor shards).
-Each of `model.shard_units()` is sharded first, then the root takes what is left, so one unit's
-full parameters are all-gathered at a time in forward and backward, and its gradients are
-reduce-scattered as soon as its backward ends (pytorch.org/docs/stable/distributed.fsdp.
-fully_shard.html). The model arrives on the meta device and is sharded there: each rank then
-allocates and initialises its shards alone (build.py), never the whole model.
+Each rank stores 1/world_size of every parameter, gradient and optimizer state (DTensor
+shards; how the model is cut: sharding.py). The model arrives on the meta device and is
+sharded there: each rank then allocates and initialises its shards alone (build.py), never
+the whole model. Checkpoints are torch.distributed.checkpoint's, every rank writing its shards.
 
-Precision is data: FSDP's `MixedPrecisionPolicy` all-gathers the fp32 parameter shards cast to
-`COMPUTE_DTYPE`, so every op computes in it without autocast; gradients are reduce-scattered in
-fp32 onto the fp32 shards the optimizer steps.
+Precision is data: FSDP all-gathers the parameters in `COMPUTE_DTYPE` (bf16), so
+every op computes in it without autocast; gradients are reduced and stepped in fp32.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,19 +22,13 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import Tensor, nn
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 from .build import materialize
 from .config import Config
 from .runtime import Runtime
+from .sharding import ShardedEngine, copy_shard, shard
 
 STRATEGY = "fsdp2"
 PRECISION = "bf16"
@@ -46,18 +36,7 @@ FRAMEWORK = "plain PyTorch"  # what runs the step, as the run summary names it
 COMPUTE_DTYPE = torch.bfloat16
 
 
-def copy_shard(target: Tensor, full: Tensor) -> None:
-    """`build.init_weights`'s `store` under FSDP2: a sharded parameter keeps its rank's piece
-    of the full tensor, cut as `fully_shard` cut it (dim 0, in world-size chunks); anything
-    not sharded, all of it."""
-    if isinstance(target, DTensor):
-        piece = distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=None)
-        target.to_local().copy_(piece.to_local())
-    else:
-        target.copy_(full)
-
-
-class Engine:
+class Engine(ShardedEngine):
     """The sharded model, its optimizer, and the verbs of one step.
 
     `model` is the bare module, sharded in place (it is also an `FSDPModule` now); `module` is
@@ -73,48 +52,10 @@ class Engine:
         config: Config,
     ):
         self.runtime = runtime
-        mesh = init_device_mesh(runtime.device.type, (runtime.world_size,))
-        policy = MixedPrecisionPolicy(param_dtype=COMPUTE_DTYPE, reduce_dtype=torch.float32)
-        for unit in model.shard_units():  # bottom-up: the units, then the root
-            fully_shard(unit, mesh=mesh, mp_policy=policy)
-        fully_shard(model, mesh=mesh, mp_policy=policy)
+        shard(model, init_device_mesh(runtime.device.type, (runtime.world_size,)), COMPUTE_DTYPE)
         self.model = materialize(model, runtime.device, config.seed, store=copy_shard)
         self.optimizer = make_optimizer(self.model)  # after sharding: it must hold the shards
         self.module = torch.compile(self.model) if config.compile else self.model
-
-    def zero_grad(self) -> None:
-        """Drop the last step's gradients (`set_to_none`: freed, not filled with zeros)."""
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def loss_scale(self) -> float | None:
-        """None: no loss scaling in this precision."""
-        return None
-
-    def step_skipped(self) -> bool:
-        """False: nothing here skips an update (non-finite steps: see nonfinite.py)."""
-        return False
-
-    def inference(self) -> contextlib.AbstractContextManager:
-        """Context for validation's forward passes: `torch.no_grad()`, not inference mode. FSDP2
-        allocates its all-gather buffers at the first forward; made in inference mode (a
-        validation right after a resume) they are inference tensors, and the next all-gather
-        into them fails ("Inference tensors do not track version counter")."""
-        return torch.no_grad()
-
-    def micro_step(self, last: bool) -> contextlib.AbstractContextManager:
-        """Context for one micro-batch's forward + backward: gradients are reduce-scattered on
-        every micro-step, the `last` one or not.
-
-        Skipping the reduce-scatter (`set_requires_gradient_sync(False)`) would keep a full,
-        unsharded gradient per parameter between micro-steps, accumulated in `COMPUTE_DTYPE`:
-        more memory and lossy sums. Reduced every micro-step, the gradients accumulate in fp32
-        on the shards (as torchtitan does).
-        """
-        return contextlib.nullcontext()
-
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """No autocast: the parameters FSDP all-gathers are already in `COMPUTE_DTYPE`."""
-        return contextlib.nullcontext()
 
     def backward(self, loss: Tensor) -> None:
         """Backward of a 0-dim loss already divided for gradient accumulation."""
@@ -159,14 +100,3 @@ class Engine:
             model_state_dict=state["model"],
             optim_state_dict=state["optimizer"],
         )
-
-    def full_state_dict(self) -> dict[str, Tensor]:
-        """The whole, unsharded state dict on the CPU of every rank (a collective; keys without
-        wrapper prefixes).
-
-        Every rank holds all of it at once: for a model larger than one host's memory, convert
-        a checkpoint offline with `torch.distributed.checkpoint.format_utils.dcp_to_torch_save`.
-        """
-        options = StateDictOptions(full_state_dict=True)
-        full_state = get_model_state_dict(self.model, options=options)
-        return {name: value.cpu() for name, value in full_state.items()}

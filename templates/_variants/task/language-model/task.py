@@ -19,6 +19,11 @@ from .runtime import Runtime, all_reduce_sum
 
 IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index
 EXPECTED_INITIAL_LOSS = math.log(NUM_CLASSES)  # a uniform prediction's cross-entropy
+# The validation metrics `validation_metrics` returns, and the direction in which each improves: the
+# names `monitor` may take, and those the log, the plot and the summary show.
+METRICS = {"val_loss": "min", "val_accuracy": "max"}
+# What `eval_sums` adds up over validation batches and ranks, in its order.
+SUMS = ("loss_sum", "correct", "count")
 
 # Dense 16-bit tensor-core peaks (FLOP/s) from NVIDIA's data sheets (half their with-sparsity
 # figures), matched in this order against the device name: the H100 PCIe and NVL boards run
@@ -58,8 +63,8 @@ def micro_batch_weights(targets: list[Tensor], runtime: Runtime) -> list[Tensor]
 
 
 def eval_sums(logits: Tensor, targets: Tensor) -> Tensor:
-    """Per-batch sums `[loss_sum, correct, count]` over counted tokens (float64), to be summed
-    over ranks.
+    """Per-batch SUMS `[loss_sum, correct, count]` over counted tokens (float64), to be summed
+    over batches and ranks.
 
     Accuracy is next-token accuracy. Sums, not means, so batches of any size weigh by tokens.
     """
@@ -70,6 +75,12 @@ def eval_sums(logits: Tensor, targets: Tensor) -> Tensor:
     correct = (flat_logits.argmax(dim=-1) == flat_targets).sum()  # never IGNORE_INDEX
     count = counted_targets(flat_targets)
     return torch.stack([loss_sum.double(), correct.double(), count.double()])
+
+
+def validation_metrics(totals: dict[str, float]) -> dict[str, float]:
+    """The METRICS of a validation from the totals of its SUMS over every batch and rank."""
+    count = totals["count"]
+    return {"val_loss": totals["loss_sum"] / count, "val_accuracy": totals["correct"] / count}
 
 
 def model_flops_utilization(flops_per_second: float, device: str) -> float | None:

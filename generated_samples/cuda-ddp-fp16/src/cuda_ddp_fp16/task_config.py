@@ -1,0 +1,37 @@
+"""The task's settings: the example's data, model and schedule. Yours, with data.py, model.py
+and task.py: `config.Config` takes every field here, and configs/train.toml sets their values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """The task's fields of the run's `Config` (units as there: `epochs` are passes over the
+    training split, `warmup_steps` optimizer steps, `micro_batch_size` samples per process)."""
+
+    run_dir: str = "runs/digits"
+    val_fraction: float = 0.2
+    augment: bool = True
+    dropout: float = 0.1
+    epochs: int = 30
+    micro_batch_size: int = 64
+    min_lr_ratio: float = 0.05
+    warmup_steps: int = 40
+    weight_decay: float = 0.05
+    early_stop_patience: int = 5
+    # data settings a resume must keep (resume.py): they fix what the checkpoint trained on
+    task_resume_keys: ClassVar[tuple[str, ...]] = ("val_fraction",)
+
+    def task_problems(self) -> list[str]:
+        """Every task setting outside its range, one message per key (empty when all are
+        valid); `Config.problems` adds them to its own."""
+        problems = []
+        if not 0 <= self.dropout < 1:
+            problems.append(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if not 0 < self.val_fraction < 1:
+            problems.append(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")
+        return problems
