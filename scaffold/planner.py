@@ -71,9 +71,29 @@ class Setting:
 
 
 @dataclass(frozen=True)
+class Decision:
+    """How the plan resolved one answer: `key` is `value` because of `reason`. `source` is
+    "answered" (the user's own value, kept) or "auto" (the planner chose it)."""
+
+    key: str
+    value: str
+    reason: str
+    source: str
+
+    def line(self) -> str:
+        """The decision as `scaffold plan` prints it: `key=value: reason`."""
+        return f"{self.key}={self.value}: {self.reason}"
+
+
+def as_answered(key: str, value: str) -> Decision:
+    """The decision that keeps the user's own `value` for `key`."""
+    return Decision(key, value, "as answered", "answered")
+
+
+@dataclass(frozen=True)
 class Plan:
     """The resolved answers, the training settings, the model's shape and the memory estimate
-    of the chosen run, and one line per decision or warning.
+    of the chosen run, the decisions that resolved `precision` and `strategy`, and warnings.
 
     `usable` is the bytes of one device a plan may fill (0: the memory was not given).
     """
@@ -83,8 +103,17 @@ class Plan:
     shape: ModelShape
     estimate: Estimate
     usable: int
-    reasons: tuple[str, ...]
+    precision: Decision
+    strategy: Decision
     warnings: tuple[str, ...]
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        """One line per decision, in the order `scaffold plan` prints them: precision, the
+        decoder's shape (where it follows a published one), strategy, then each setting."""
+        shape = [self.shape.provenance()] if isinstance(self.shape, DecoderShape) else []
+        settings = [f"{key}={s.as_toml()}: {s.source}" for key, s in self.settings.items()]
+        return (self.precision.line(), *shape, self.strategy.line(), *settings)
 
     def copier_data(self) -> dict[str, Any]:
         """The template's data: the answers, and `plan` with each setting's TOML and Python
@@ -168,39 +197,60 @@ def plan(answers: Answers) -> Plan:
             strategy or precision the chosen framework does not render (`FRAMEWORK_RENDERS`).
     """
     check(dataclasses.asdict(answers))
-    reasons: list[str] = []
     warnings: list[str] = []
-    precision = _precision(answers, reasons)
-    if precision != "fp32" and answers.hardware == "mps":
+    precision = _precision(answers)
+    if precision.value != "fp32" and answers.hardware == "mps":
         warnings.append(
-            f"precision={precision} on MPS is untested here; start in fp32, switch once it trains"
+            f"precision={precision.value} on MPS is untested here; start in fp32, switch once "
+            "it trains"
         )
     recipe = hardware_recipe(answers)
     shape = model_shape(answers.task, answers.model_params, recipe.block_size)
-    choice: tuple[list[str], list[str]] = ([], [])
-    fit = _choose_strategy(answers, precision, shape, recipe, *choice)
-    if answers.precision == "auto" and precision == "fp16" and fit.strategy in SHARDED_STRATEGIES:
-        precision = "fp32"  # fp16's loss scaling is not rendered for sharded strategies
-        reasons[-1] = (
-            f"precision=fp32: Volta/Turing lack bf16, and this model needs strategy="
-            f"{fit.strategy}, for which fp16's loss scaling is not rendered"
+    strategy, fit, fit_warnings = _choose_strategy(answers, precision.value, shape, recipe)
+    if (
+        precision.source == "auto"
+        and precision.value == "fp16"
+        and fit.strategy in SHARDED_STRATEGIES
+    ):
+        precision = Decision(  # fp16's loss scaling is not rendered for sharded strategies
+            "precision",
+            "fp32",
+            f"Volta/Turing lack bf16, and this model needs strategy={fit.strategy}, for which "
+            "fp16's loss scaling is not rendered",
+            "auto",
         )
-        choice = ([], [])
-        fit = _choose_strategy(answers, precision, shape, recipe, *choice)
-    if isinstance(shape, DecoderShape):
-        reasons.append(shape.provenance())
-    reasons += choice[0]
-    warnings += choice[1]
-    strategy = fit.strategy
-    _no_fp16_when_sharded({"strategy": strategy, "precision": precision})  # auto's choices
-    coerce(QUESTION_BY_KEY["strategy"], strategy)  # NotAvailableYet if not rendered yet
-    _check_framework(answers, strategy, precision, reasons)
+        strategy, fit, fit_warnings = _choose_strategy(answers, "fp32", shape, recipe)
+    warnings += fit_warnings
+    refuse_what_cannot_render(answers, strategy, precision)
     if fit.fits:  # else micro-batch 1 is no measure of the device: keep the recipe's batch
         recipe = within_accumulation(recipe, fit.micro_batch, answers.world_size)
-    settings = _settings(answers, recipe, fit, reasons)
-    resolved = dataclasses.replace(answers, precision=precision, strategy=strategy)
+    settings = _settings(answers, recipe, fit)
+    resolved = dataclasses.replace(answers, precision=precision.value, strategy=strategy.value)
     usable = usable_bytes(answers)
-    return Plan(resolved, settings, shape, fit.estimate, usable, tuple(reasons), tuple(warnings))
+    return Plan(
+        resolved, settings, shape, fit.estimate, usable, precision, strategy, tuple(warnings)
+    )
+
+
+def refuse_what_cannot_render(answers: Answers, strategy: Decision, precision: Decision) -> None:
+    """Refuse the planner's own choices that the template does not render: fp16 when sharded,
+    a strategy this version cannot render yet, a value the framework does not render (the
+    answered values were refused by `check` already).
+
+    Raises:
+        AnswerError: fp16 with a sharded strategy (`_no_fp16_when_sharded`).
+        NotAvailableYet: the chosen strategy is not rendered yet, or not by the framework.
+    """
+    _no_fp16_when_sharded({"strategy": strategy.value, "precision": precision.value})
+    coerce(QUESTION_BY_KEY["strategy"], strategy.value)  # NotAvailableYet if not rendered yet
+    framework = answers.framework
+    for decision in (strategy, precision):
+        if not framework_renders(framework, decision.key, decision.value):
+            raise NotAvailableYet(
+                f"{decision.key}=auto chose {decision.line()}; framework={framework} does not "
+                f"render {decision.value} yet (it cannot be tested on CPU); answer "
+                "framework=pytorch"
+            )
 
 
 # --- the checks that need no memory model: the questionnaire runs them on each answer ---
@@ -454,13 +504,11 @@ def strategy_ladder(answers: Answers) -> tuple[str, ...]:
 
 
 def _choose_strategy(
-    answers: Answers,
-    precision: str,
-    shape: ModelShape,
-    recipe: Recipe,
-    reasons: list[str],
-    warnings: list[str],
-) -> Fit:
+    answers: Answers, precision: str, shape: ModelShape, recipe: Recipe
+) -> tuple[Decision, Fit, list[str]]:
+    """The strategy (as answered, or the first of `strategy_ladder` that fits), its fit at
+    `precision`, and warnings: a strategy that adds nothing or does not fit."""
+    warnings: list[str] = []
     usable = usable_bytes(answers)
     where = _device_words(answers)
     if answers.strategy != "auto":
@@ -476,10 +524,9 @@ def _choose_strategy(
             warnings.append(
                 f"strategy={answers.strategy} {verdict}: even at micro-batch 1 with activation "
                 f"checkpointing, {_why_not(answers, chosen)} (usable: "
-                f"{gib(usable)} GiB of {where}){_auto_would(answers, precision)}"
+                f"{gib(usable)} GiB of {where}){_auto_would(answers, precision, shape, recipe)}"
             )
-        reasons.append(f"strategy={answers.strategy}: as answered")
-        return chosen
+        return as_answered("strategy", answers.strategy), chosen, warnings
     tried: list[str] = []
     for strategy in strategy_ladder(answers):
         chosen = fit(answers, strategy, precision, shape, recipe)
@@ -492,8 +539,8 @@ def _choose_strategy(
             f"({'; '.join(tried)}); the run may run out of memory"
         )
     others = tried if chosen.fits else tried[:-1]  # the chosen one's own says why it does not
-    reasons.append(_strategy_reason(answers, chosen, shape, others, usable, where))
-    return chosen
+    reason = _strategy_reason(answers, chosen, shape, others, usable, where)
+    return Decision("strategy", chosen.strategy, reason, "auto"), chosen, warnings
 
 
 def _why_not(answers: Answers, chosen: Fit) -> str:
@@ -507,12 +554,16 @@ def _why_not(answers: Answers, chosen: Fit) -> str:
     return f"{chosen.strategy} needs ~{gib(peak)} GiB per device at micro-batch 1"
 
 
-def _auto_would(answers: Answers, precision: str) -> str:
+def _auto_would(answers: Answers, precision: str, shape: ModelShape, recipe: Recipe) -> str:
+    """What `strategy=auto` would choose instead, worded for a warning; '' when that choice
+    would be refused too."""
+    auto = dataclasses.replace(answers, strategy="auto")
+    strategy, _, _ = _choose_strategy(auto, precision, shape, recipe)
     try:
-        chosen = plan(dataclasses.replace(answers, strategy="auto", precision=precision))
+        refuse_what_cannot_render(auto, strategy, as_answered("precision", precision))
     except AnswerError:
         return ""
-    return f"; strategy=auto would choose {chosen.answers.strategy}"
+    return f"; strategy=auto would choose {strategy.value}"
 
 
 def _device_words(answers: Answers) -> str:
@@ -525,37 +576,32 @@ def _strategy_reason(
     answers: Answers, chosen: Fit, shape: ModelShape, tried: list[str], usable: int, where: str
 ) -> str:
     state = MODEL_STATE_BYTES * shape.params
-    head = f"strategy={chosen.strategy}: "
     if usable == 0:
         memory = "GPU" if answers.hardware == "cuda" else "host"
         detail = f"{memory} memory not given, so fit is not checked (answer it to plan for it)"
         many = chosen.strategy == "ddp"
-        return head + (f"replicate over {answers.world_size} GPUs; " if many else "") + detail
+        return (f"replicate over {answers.world_size} GPUs; " if many else "") + detail
     fits = f"~{gib(chosen.estimate.peak)} GiB per device fits {gib(usable)} GiB usable of {where}"
     fits = fits if chosen.fits else f"it does not fit either: {_why_not(answers, chosen)}"
     passed = f" ({'; '.join(tried)})" if tried else ""
     if chosen.strategy == "single":
-        return head + f"one device, and the model fits on it: {fits}"
+        return f"one device, and the model fits on it: {fits}"
     if chosen.strategy == "ddp":
-        return (
-            head + f"the model fits on one GPU ({fits}); replicate over {answers.world_size} GPUs"
-        )
+        return f"the model fits on one GPU ({fits}); replicate over {answers.world_size} GPUs"
     if chosen.strategy == "fsdp2":
         return (
-            head + f"model state (~{gib(state)} GiB at {MODEL_STATE_BYTES} B/parameter) does not "
+            f"model state (~{gib(state)} GiB at {MODEL_STATE_BYTES} B/parameter) does not "
             f"fit one GPU{passed}; shard it over {answers.world_size} GPUs: {fits}"
         )
     gpus = "the GPU" if answers.world_size == 1 else f"{answers.world_size} GPUs, even sharded"
     return (
-        head + f"model state (~{gib(state)} GiB) does not fit {gpus}{passed}; shard it and keep "
+        f"model state (~{gib(state)} GiB) does not fit {gpus}{passed}; shard it and keep "
         f"the optimizer state and parameters in CPU memory (~{gib(chosen.estimate.host)} GiB "
         f"per node): {fits}"
     )
 
 
-def _settings(
-    answers: Answers, recipe: Recipe, chosen: Fit, reasons: list[str]
-) -> dict[str, Setting]:
+def _settings(answers: Answers, recipe: Recipe, chosen: Fit) -> dict[str, Setting]:
     world = answers.world_size
     per_process = _per_process(recipe, world)
     accumulation = per_process // chosen.micro_batch
@@ -599,8 +645,6 @@ def _settings(
     else:
         checkpointing = "off: the plan fits without recomputing activations"
     settings["activation_checkpointing"] = Setting(chosen.checkpointing, checkpointing)
-    for key, setting in settings.items():
-        reasons.append(f"{key}={setting.as_toml()}: {setting.source}")
     return settings
 
 
@@ -620,41 +664,20 @@ def _warmup(recipe: Recipe, sequences_per_step: int) -> Setting:
     )
 
 
-def _precision(answers: Answers, reasons: list[str]) -> str:
+def _precision(answers: Answers) -> Decision:
+    """The precision: as answered, or auto's choice for the hardware and framework."""
     hardware, arch, asked = answers.hardware, answers.gpu_arch, answers.precision
     if asked != "auto":
-        reasons.append(f"precision={asked}: as answered")
-        return asked
+        return as_answered("precision", asked)
     if hardware == "cuda" and arch in ("ampere", "hopper"):
-        reasons.append(f"precision=bf16: {arch} GPUs run bf16 natively; no GradScaler needed")
-        return "bf16"
-    if hardware == "cuda" and not framework_renders(answers.framework, "precision", "fp16"):
-        reasons.append(
-            f"precision=fp32: Volta/Turing lack bf16, and framework={answers.framework} does "
-            "not render fp16"
-        )
-        return "fp32"
-    if hardware == "cuda":
-        reasons.append("precision=fp16: Volta/Turing lack bf16; fp16 autocast + GradScaler")
-        return "fp16"
-    if hardware == "mps":
-        reasons.append(
-            "precision=fp32: on MPS, fp32 first (16-bit autocast is not stable on every op)"
-        )
-        return "fp32"
-    reasons.append("precision=fp32: bf16 autocast is slower than fp32 on CPU")
-    return "fp32"
-
-
-def _check_framework(answers: Answers, strategy: str, precision: str, reasons: list[str]) -> None:
-    """The planner's own choices against what the framework renders (answered values were
-    checked by `check`)."""
-    framework = answers.framework
-    for key, value in (("strategy", strategy), ("precision", precision)):
-        if framework_renders(framework, key, value):
-            continue
-        why = next(reason for reason in reasons if reason.startswith(f"{key}={value}:"))
-        raise NotAvailableYet(
-            f"{key}=auto chose {why}; framework={framework} does not render {value} yet "
-            f"(it cannot be tested on CPU); answer framework=pytorch"
-        )
+        value, reason = "bf16", f"{arch} GPUs run bf16 natively; no GradScaler needed"
+    elif hardware == "cuda" and not framework_renders(answers.framework, "precision", "fp16"):
+        value = "fp32"
+        reason = f"Volta/Turing lack bf16, and framework={answers.framework} does not render fp16"
+    elif hardware == "cuda":
+        value, reason = "fp16", "Volta/Turing lack bf16; fp16 autocast + GradScaler"
+    elif hardware == "mps":
+        value, reason = "fp32", "on MPS, fp32 first (16-bit autocast is not stable on every op)"
+    else:
+        value, reason = "fp32", "bf16 autocast is slower than fp32 on CPU"
+    return Decision("precision", value, reason, "auto")

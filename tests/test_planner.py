@@ -11,7 +11,7 @@ import pytest
 from scaffold.answers import build_answers, merge_sources
 from scaffold.errors import AnswerError, NotAvailableYet
 from scaffold.memory import GIB, LAYOUTS, estimate
-from scaffold.planner import Setting, check, fit, plan, usable_bytes
+from scaffold.planner import Decision, Setting, check, fit, plan, usable_bytes
 from scaffold.recipes import MAX_ACCUMULATION, recipe_for
 from scaffold.shapes import decoder_for, largest_decoder
 
@@ -230,6 +230,21 @@ def test_volta_shards_a_model_too_large_for_one_gpu_in_fp32_not_fp16():
                            gpu_arch="volta-turing", gpus_per_node=8, gpu_memory_gb=32))  # fmt: skip
     assert (planned.answers.strategy, planned.answers.precision) == ("fsdp2", "fp32")
     assert "fp16's loss scaling is not rendered" in planned.reasons[0]
+
+
+def test_each_resolved_answer_is_one_decision_record_that_says_who_decided():
+    """auto's choices carry the planner's reason; an answered value is kept "as answered";
+    the fp16 fallback replaces the precision decision whole, and `reasons` are their lines."""
+    volta = {"task": "language-model", "model_size": "7B", "hardware": "cuda"}
+    volta |= {"gpu_arch": "volta-turing", "gpus_per_node": 8, "gpu_memory_gb": 32}
+    planned = plan(answers(**volta))
+    assert (planned.precision.key, planned.precision.value) == ("precision", "fp32")
+    assert planned.precision.source == planned.strategy.source == "auto"
+    assert planned.reasons[0] == planned.precision.line()
+    assert planned.strategy.line() in planned.reasons and "fp16" not in planned.strategy.reason
+    kept = plan(answers(**volta, strategy="zero3-offload", precision="fp32"))
+    assert kept.strategy == Decision("strategy", "zero3-offload", "as answered", "answered")
+    assert kept.precision.line() == "precision=fp32: as answered"
 
 
 def test_offload_that_host_memory_cannot_hold_is_blamed_on_host_memory():
