@@ -14,8 +14,9 @@ On top: the activations one micro-batch saves for backward (`scaffold.shapes`), 
 activation checkpointing, and the temporaries: autocast's low-precision weight copies, FSDP2's
 all-gathered units and unsharded gradients, ZeRO-3's gathered parameters, DeepSpeed's reduce
 bucket (`reduce_bucket_size`, 5e8 elements by default, allocated whole; deepspeed.ai/docs/
-config-json), backward's gradient temporaries. `estimate` walks one step (forward, then backward
-unit by unit, then the optimizer step) and keeps the peak.
+config-json), backward's gradient temporaries. `estimate` walks one step in three phases
+(`persistent_state`, then `forward_peak`, `backward_peak` unit by unit, and the optimizer step)
+and keeps the peak.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scaffold.shapes import ModelShape
+from scaffold.shapes import Activations, ModelShape
 
 GIB = 2**30
 WEIGHT_BYTES = 4  # fp32 parameters (the master copy under mixed precision)
@@ -92,6 +93,53 @@ class Estimate:
         return [(name, getattr(self, name)) for name in (*COMPONENTS, "peak")]
 
 
+@dataclass(frozen=True)
+class StepShape:
+    """What the three phases of a step share: the strategy's `layout`, the model `shape`, its
+    saved activations `acts` for one micro-batch, bytes per element of compute (`compute`) and
+    of autocast's weight casts (`cast`, 0 without autocast), the processes sharded state is
+    divided over (`divisor`), and whether activation checkpointing is on."""
+
+    layout: Layout
+    shape: ModelShape
+    acts: Activations
+    compute: int
+    cast: int
+    divisor: int
+    checkpointing: bool
+
+    def state(self, params: int, part: str, bytes_each: int) -> int:
+        """Device bytes of `part` (weights, gradients, optimizer) of `params` parameters at
+        `bytes_each`: divided over the processes where the layout shards it, none offloaded."""
+        shards = self.divisor if part in self.layout.sharded else 1
+        return 0 if self.layout.offload else bytes_each * math.ceil(params / shards)
+
+    @property
+    def all_casts(self) -> int:
+        """autocast's weight copies of every unit and the root, alive at the end of forward."""
+        unit_casts, root_cast = self.shape.matmul_params
+        return self.cast * (sum(unit_casts) + root_cast)
+
+    @property
+    def gathered_units(self) -> int:
+        """The all-gathered units a gathering strategy holds at once: this one and the next."""
+        gather = self.layout.gather_bytes or self.compute
+        return gather * 2 * max(self.shape.unit_params) if self.layout.gathers else 0
+
+
+@dataclass(frozen=True)
+class PersistentState:
+    """What stays allocated through the whole step, bytes per device: the model state, the
+    DeepSpeed reduce bucket and the gathered root (`total` sums what is alive)."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    bucket: int
+    gathered_root: int
+    total: int
+
+
 def estimate(
     shape: ModelShape,
     *,
@@ -104,7 +152,8 @@ def estimate(
     processes_per_node: int = 1,
 ) -> Estimate:
     """Bytes per device of a step of `shape` trained with `strategy` over `world_size`
-    processes in `precision` ('fp32', 'bf16' or 'fp16'), `micro_batch` samples per micro-step.
+    processes in `precision` ('fp32', 'bf16' or 'fp16'), `micro_batch` samples per micro-step:
+    the persistent state, then the peaks of forward, of backward and of the optimizer step.
 
     Raises:
         KeyError: an unknown strategy.
@@ -113,66 +162,86 @@ def estimate(
     compute = 4 if precision == "fp32" else 2
     autocast = layout.autocast and precision != "fp32"
     residual = 4 if precision == "fp32" or layout.autocast else compute
-    divisor = world_size if layout.sharded else 1
+    step = StepShape(
+        layout=layout,
+        shape=shape,
+        acts=shape.activations(micro_batch, residual, compute, dropout),
+        compute=compute,
+        cast=compute if autocast else 0,
+        divisor=world_size if layout.sharded else 1,
+        checkpointing=checkpointing,
+    )
+    state = persistent_state(step)
+    backward, largest_temporary = backward_peak(step, state)
+    optimizer_step = state.total + (0 if layout.persistent_gradients else state.gradients)
+    host = 0
+    if layout.offload:  # each node keeps its processes' partitions of all three
+        per_process = WEIGHT_BYTES + GRADIENT_BYTES + ADAMW_BYTES
+        host = per_process * math.ceil(shape.params / step.divisor) * processes_per_node
+    return Estimate(
+        weights=state.weights,
+        gradients=state.gradients,
+        optimizer=state.optimizer,
+        activations=step.acts.saved(checkpointing),
+        buffers=largest_temporary + state.bucket + state.gathered_root,
+        peak=max(forward_peak(step, state), backward, optimizer_step),
+        host=host,
+    )
 
-    def state(params: int, part: str, bytes_each: int) -> int:
-        shards = divisor if part in layout.sharded else 1
-        return 0 if layout.offload else bytes_each * math.ceil(params / shards)
 
-    params = shape.params
-    weights = state(params, "weights", WEIGHT_BYTES)
-    gradients = state(params, "gradients", GRADIENT_BYTES)
-    optimizer = state(params, "optimizer", ADAMW_BYTES)
+def persistent_state(step: StepShape) -> PersistentState:
+    """The model state a device keeps (fp32 weights, gradients, AdamW moments and DeepSpeed's
+    partition, each divided where the layout shards it), DeepSpeed's reduce bucket and the
+    gathered root; gradients count as alive throughout only where they persist (DDP)."""
+    layout, params = step.layout, step.shape.params
+    weights = step.state(params, "weights", WEIGHT_BYTES)
+    gradients = step.state(params, "gradients", GRADIENT_BYTES)
+    optimizer = step.state(params, "optimizer", ADAMW_BYTES)
     if layout.deepspeed:
-        optimizer += state(params, "optimizer", DEEPSPEED_PARTITION_BYTES)
-    acts = shape.activations(micro_batch, residual, compute, dropout)
-    unit_casts, root_cast = shape.matmul_params
-    cast = compute if autocast else 0
-    units = shape.unit_params
-
-    gather = layout.gather_bytes or compute
-    gathered_root = gather * shape.root_params if layout.gathers else 0
-    gathered_units = gather * 2 * max(units) if layout.gathers else 0  # this one, the next
+        optimizer += step.state(params, "optimizer", DEEPSPEED_PARTITION_BYTES)
     bucket = 4 * DEEPSPEED_REDUCE_BUCKET if layout.deepspeed else 0
-    persistent = weights + optimizer + bucket + gathered_root
-    persistent += gradients if layout.persistent_gradients else 0
+    gather = layout.gather_bytes or step.compute
+    gathered_root = gather * step.shape.root_params if layout.gathers else 0
+    total = weights + optimizer + bucket + gathered_root
+    total += gradients if layout.persistent_gradients else 0
+    return PersistentState(weights, gradients, optimizer, bucket, gathered_root, total)
 
-    saved = acts.saved(checkpointing)
-    all_casts = cast * (sum(unit_casts) + root_cast)
-    peak = persistent + saved + all_casts + gathered_units  # the end of forward
-    # Backward: checkpointed units dropped their weight casts at autocast's exit; the loss and
-    # head go first, then their activations are freed.
-    live = persistent + saved + (cast * root_cast if checkpointing else all_casts)
+
+def forward_peak(step: StepShape, state: PersistentState) -> int:
+    """Bytes allocated at the end of forward: the persistent state, the saved activations,
+    every weight cast and the gathered units."""
+    saved = step.acts.saved(step.checkpointing)
+    return state.total + saved + step.all_casts + step.gathered_units
+
+
+def backward_peak(step: StepShape, state: PersistentState) -> tuple[int, int]:
+    """The peak of backward, walked unit by unit from the loss and head, and the largest sum
+    of temporaries met on the way (forward's casts and gathered units included).
+
+    Checkpointed units dropped their weight casts at autocast's exit and recompute their
+    forward here; gradients that do not persist grow as each unit's activations are freed.
+    """
+    layout, acts, cast = step.layout, step.acts, step.cast
+    unit_casts, root_cast = step.shape.matmul_params
+    units = step.shape.unit_params
+    live = state.total + acts.saved(step.checkpointing)
+    live += cast * root_cast if step.checkpointing else step.all_casts
     if not layout.persistent_gradients:
-        live += state(shape.root_params, "gradients", GRADIENT_BYTES)
-    peak = max(peak, live + acts.transient)
+        live += step.state(step.shape.root_params, "gradients", GRADIENT_BYTES)
+    peak = live + acts.transient
     live -= acts.outside
-    largest_temporary = max(all_casts + gathered_units, acts.transient)
+    largest_temporary = max(step.all_casts + step.gathered_units, acts.transient)
     for index in reversed(range(len(units))):
-        if checkpointing:  # recompute the unit's forward: its activations and casts again
+        if step.checkpointing:  # recompute the unit's forward: its activations and casts again
             live += acts.per_unit[index] - acts.unit_input[index] + cast * unit_casts[index]
         if not layout.persistent_gradients:
-            live += state(units[index], "gradients", GRADIENT_BYTES)
-        unsharded = (compute + GRADIENT_BYTES) * units[index] if layout.gathers else 0
-        temporaries = gathered_units + unsharded + acts.transient
+            live += step.state(units[index], "gradients", GRADIENT_BYTES)
+        unsharded = (step.compute + GRADIENT_BYTES) * units[index] if layout.gathers else 0
+        temporaries = step.gathered_units + unsharded + acts.transient
         peak = max(peak, live + temporaries)
         largest_temporary = max(largest_temporary, temporaries)
         live -= acts.per_unit[index] + cast * unit_casts[index]
-    step = persistent + (0 if layout.persistent_gradients else gradients)
-    peak = max(peak, step)
-    host = 0
-    if layout.offload:  # each node keeps its processes' partitions of all three
-        per_process = (WEIGHT_BYTES + GRADIENT_BYTES + ADAMW_BYTES) * math.ceil(params / divisor)
-        host = per_process * processes_per_node
-    return Estimate(
-        weights=weights,
-        gradients=gradients,
-        optimizer=optimizer,
-        activations=saved,
-        buffers=largest_temporary + bucket + gathered_root,
-        peak=peak,
-        host=host,
-    )
+    return peak, largest_temporary
 
 
 def gib(count: int) -> str:
