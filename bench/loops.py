@@ -117,8 +117,7 @@ def run_rendered(modules: dict[str, ModuleType], config: Any) -> dict[str, Any]:
         if epoch > 0:
             timed_seconds += time.perf_counter() - start
             timed_steps += trainer.state.step - steps_before
-        trainer.state.end_epoch()
-        trainer.position.end_epoch()
+        trainer.state.end_epoch()  # and the data position with it
     trainer.log.close()  # TensorBoard's writer, as the rendered run closes it
     return {
         "loop": "rendered",

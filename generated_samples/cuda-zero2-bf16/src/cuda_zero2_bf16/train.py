@@ -18,16 +18,19 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from .build import build_on_meta
 from .checkpoint import CheckpointManager
+from .checkpointer import Checkpointer
 from .config import Config, parse_command_line
 from .data import build_datasets
 from .engine import Engine
-from .loader import TimedIterator, make_eval_loader, make_train_loader, padded_batches
+from .loader import make_eval_loader, make_train_loader, padded_batches
 from .optim import build_optimizer, build_scheduler
+from .profiling import ProfileWindow
 from .progress import TrainState
 from .report import RunLog
 from .resume import DataPosition, enter_run_folder, seed_everything, start_or_resume
 from .runtime import Runtime, all_reduce_sum, init_runtime, shutdown_runtime
 from .safeguards import Safeguards
+from .summary import finish_run
 from .task import SUMS, eval_sums, loss_fn, micro_batch_weights, validation_metrics
 
 
@@ -90,51 +93,47 @@ class Trainer:
         self.steps_per_epoch = math.ceil(len(self.train_loader) / config.grad_accum_steps)
         total_steps = config.epochs * self.steps_per_epoch
         self.scheduler = build_scheduler(self.engine.optimizer, config, total_steps)
-        self.state, self.position = TrainState(), DataPosition(self.train_loader)
+        self.state = TrainState(data=DataPosition(self.train_loader))  # where the run is
         shared = {"scheduler": self.scheduler, "progress": self.state}
-        per_rank = {"data_position": self.position}
+        per_rank = {"data_position": self.state.data}
         self.checkpoints = CheckpointManager(config, runtime, self.engine, shared, per_rank)
         self.resumed_from = start_or_resume(self.checkpoints, config, runtime, resume)
-        self.guards = Safeguards(config, self.engine, self.checkpoints, self.state)
+        self.guards = Safeguards(config, self.engine)
+        self.log.also_log(self.guards.values)
+        self.checkpointer = Checkpointer(config, self.checkpoints, self.state, self.guards)
+        self.profiler = ProfileWindow(config, runtime)
 
     def fit(self) -> dict[str, Any]:
         """Train until `epochs`, early stopping or `stop_after_steps`; return the run summary.
         Raises Preempted (a stop signal) or FloatingPointError (inf/NaN), see safeguards.py."""
         config, state = self.config, self.state
-        self.log.start_run(state, self.resumed_from)
-        with self.guards, self.log:  # the log closes first, then the guards let go
-            while not state.finished(config):  # a resumed run that had ended stays ended
-                if not self.train_epoch():
-                    break  # stopped mid-epoch by stop_after_steps; the checkpoint is written
-                metrics = evaluate(self.engine, self.val_loader, self.guards.stop_if_signalled)
-                improved = state.record_validation(metrics, config.monitor)
+        if not state.finished(config):  # a resumed run that had ended records nothing
+            self.log.start_run(state, self.resumed_from)
+            self.profiler.at_step(state.step)
+        with self.guards, self.log, self.profiler:  # closed in reverse: the guards let go last
+            while not state.finished(config) and self.train_epoch():  # False: stopped mid-epoch
+                metrics = evaluate(self.engine, self.val_loader, self.checkpointer.stop_on_signal)
+                state.record_validation(metrics, config.monitor)
                 self.log.write("val", step=state.step, epoch=state.epoch + 1, **metrics)
                 state.end_epoch()
-                self.position.end_epoch()
-                self.guards.save(is_best=improved)
-            weights = self.checkpoints.export_weights(state)  # the best and the last weights
-            return self.log.summary(state, self.checkpoints.directory, self.resumed_from, weights)
+                self.checkpointer.epoch_done()
+            return finish_run(self.log, self.profiler, self.checkpoints, state, self.resumed_from)
 
     def train_epoch(self) -> bool:
         """Run the rest of the current epoch; False when `stop_after_steps` stopped it early."""
-        config, state, batches = self.config, self.state, len(self.train_loader)
-        data = TimedIterator(self.position.begin_epoch(state.epoch, state.batch_in_epoch))
-        self.log.start_epoch(state, self.steps_per_epoch)
-        while state.batch_in_epoch < batches:
-            count = min(config.grad_accum_steps, batches - state.batch_in_epoch)
+        config, state = self.config, self.state
+        data = self.log.start_epoch(state, self.steps_per_epoch, state.begin_epoch())
+        while state.mid_epoch() and not state.reached_stop_after(config):
+            count = min(config.grad_accum_steps, state.batches_left())
             lr = self.scheduler.get_last_lr()[0]  # the rate this step runs at
             step = train_step(self.engine, self.scheduler, data, count, config.max_grad_norm)
             state.advance(count)
-            self.guards.step_done(*step)
-            self.guards.logged(self.log.step(state, count, *step[:2], lr, self.guards.values()))
-            stop = 0 < config.stop_after_steps <= state.step
-            if state.batch_in_epoch < batches and (stop or self.checkpoints.due(state.step)):
-                self.guards.save(is_best=False)  # epoch ends save after validation
-            self.guards.stop_if_signalled()
-            if stop:
-                break
-        self.log.end_epoch(data.seconds)
-        return state.batch_in_epoch == batches
+            self.guards.step_done(state.step, *step)
+            self.log.step(state, count, *step[:2], lr)
+            self.profiler.at_step(state.step)
+            self.checkpointer.step_done()
+        self.log.end_epoch()
+        return not state.mid_epoch()
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

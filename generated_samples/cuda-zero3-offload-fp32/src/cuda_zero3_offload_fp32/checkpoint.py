@@ -145,11 +145,6 @@ class CheckpointManager:
         """See `complete_checkpoints`."""
         return list(complete_checkpoints(self.directory))
 
-    def due(self, step: int) -> bool:
-        """True when `checkpoint_every` (> 0) divides `step`: a periodic mid-epoch checkpoint."""
-        every = self.config.checkpoint_every
-        return every > 0 and step % every == 0
-
     def save(self, step: int, is_best: bool) -> None:
         """Write checkpoint `step-<step>/`; `is_best` also points `best` at it."""
         name = step_folder_name(step)

@@ -24,8 +24,9 @@ class Config(TaskConfig):
     `log_every` and `stop_after_steps` count optimizer steps (one step = `grad_accum_steps`
     micro-batches of `micro_batch_size` samples); `lr` is the peak learning rate.
     `tensorboard`, `logger`, `plot` and `profile_steps` choose what a run writes besides
-    metrics.jsonl and its checkpoints (see report.py). `activation_checkpointing` recomputes
-    each of the model's shard units in backward instead of keeping its activations (build.py).
+    metrics.jsonl and its checkpoints (see report.py and summary.py).
+    `activation_checkpointing` recomputes each of the model's shard units in backward instead
+    of keeping its activations (build.py).
 
     Raises:
         ValueError: a value outside its range; the message names the key.

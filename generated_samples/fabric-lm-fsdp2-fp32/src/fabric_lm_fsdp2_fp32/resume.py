@@ -81,6 +81,11 @@ class DataPosition:
             self.pending_rng = None
         return iterator
 
+    @property
+    def batches(self) -> int:
+        """Micro-batches in one epoch of the training loader."""
+        return len(self.loader)
+
     def end_epoch(self) -> None:
         """Record where the next epoch starts."""
         self.epoch_start_state = self.loader.generator.get_state()

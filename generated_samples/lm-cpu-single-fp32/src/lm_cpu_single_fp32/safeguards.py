@@ -1,9 +1,9 @@
-"""What may end a run between its steps, and the checkpoint that ends it.
+"""What may end a run between its steps.
 
-Stop signals end the run at the next optimizer step with a checkpoint (preemption.py);
-non-finite steps are counted, stop the run when they must, and are never checkpointed
-(nonfinite.py); one run at a time holds the run folder (run_folder.py). The loop reports each
-step here and saves through `save`.
+Stop signals end the run at the next optimizer step with a checkpoint (preemption.py; the
+checkpointer saves, checkpointer.py); non-finite steps are counted, stop the run when they
+must, and are never checkpointed (nonfinite.py); one run at a time holds the run folder
+(run_folder.py). The loop reports each step here.
 """
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ from types import TracebackType
 
 from torch import Tensor
 
-from .checkpoint import CheckpointManager
 from .config import Config
 from .engine import Engine
 from .nonfinite import NonFiniteSteps
 from .preemption import Preempted, StopRequest
-from .progress import TrainState
+from .progress import is_log_step
 from .run_folder import RunFolderLock
 from .runtime import barrier
 
@@ -31,14 +30,11 @@ class Safeguards:
         ValueError: another run holds the run folder (`RunFolderLock`).
     """
 
-    def __init__(
-        self, config: Config, engine: Engine, checkpoints: CheckpointManager, state: TrainState
-    ):
-        self.engine, self.checkpoints, self.state = engine, checkpoints, state
-        self.runtime = engine.runtime
+    def __init__(self, config: Config, engine: Engine):
+        self.engine, self.runtime = engine, engine.runtime
+        self.log_every = config.log_every
         self.stop_request = StopRequest()
         self.nonfinite = NonFiniteSteps(config.max_nonfinite_steps, self.runtime.device)
-        self.saved_step = state.step if checkpoints.has_checkpoints() else None
         self.run_folder = RunFolderLock(config.run_dir, self.runtime)
 
     def __enter__(self) -> Safeguards:
@@ -58,23 +54,17 @@ class Safeguards:
         self.stop_request.uninstall()
         self.run_folder.release()
 
-    def step_done(self, loss: Tensor, grad_norm: Tensor, skipped: bool) -> None:
-        """Count the step the loop just took: its 0-dim loss and gradient norm, left on the
-        device; `skipped`: the engine dropped its update.
+    def step_done(self, step: int, loss: Tensor, grad_norm: Tensor, skipped: bool) -> None:
+        """Count optimizer step `step`: its 0-dim loss and gradient norm, left on the device;
+        `skipped`: the engine dropped its update. At the steps the log syncs anyway
+        (`is_log_step`), stop if an applied update was non-finite: the check's sync is free.
 
         Raises:
-            FloatingPointError: too many skipped updates in a row (`NonFiniteSteps.record`).
+            FloatingPointError: too many skipped updates in a row (`NonFiniteSteps.record`), or
+                a non-finite update was applied (`NonFiniteSteps.check`).
         """
-        self.nonfinite.record(self.state.step, loss, grad_norm, skipped)
-
-    def logged(self, synced: bool) -> None:
-        """After the step's log call: where it synced with the device (`synced`, a log line
-        was written), stop if an applied update was non-finite; the check's sync is free there.
-
-        Raises:
-            FloatingPointError: see `NonFiniteSteps.check`.
-        """
-        if synced:
+        self.nonfinite.record(step, loss, grad_norm, skipped)
+        if is_log_step(step, self.log_every):
             self.nonfinite.check()
 
     def values(self) -> dict[str, float]:
@@ -83,30 +73,22 @@ class Safeguards:
         values = {"skipped_steps": self.nonfinite.skipped}
         return values if scale is None else values | {"loss_scale": scale}
 
-    def save(self, is_best: bool) -> None:
-        """Checkpoint the current step once no non-finite update can have reached it.
+    def check_finite(self) -> None:
+        """Before a checkpoint: stop if a non-finite update reached the weights (a host sync).
 
         Raises:
-            FloatingPointError: one did (`NonFiniteSteps.check`); nothing is written.
+            FloatingPointError: one did (`NonFiniteSteps.check`); nothing may be written.
         """
         self.nonfinite.check()
-        self.checkpoints.save(self.state.step, is_best=is_best)
-        self.saved_step = self.state.step
 
-    def stop_if_signalled(self) -> None:
-        """If any process has received a stop signal (a collective: every process calls it at
-        the same point), checkpoint the current step unless it is saved already, and end
-        the run. Mid-validation, that checkpoint comes before the epoch's validation, which a
-        resume runs again.
+    def stop_agreed(self) -> bool:
+        """True when any process has received a stop signal (a collective: every process calls
+        it at the same point)."""
+        return self.stop_request.agreed(self.runtime)
 
-        Raises:
-            Preempted: a process got a stop signal; the checkpoint is on disk.
-        """
-        if not self.stop_request.agreed(self.runtime):
-            return
-        if self.saved_step != self.state.step:
-            self.save(is_best=False)
+    def preempted(self, step: int) -> Preempted:
+        """The error that ends a stopped run at optimizer `step`, its message printed once."""
         signal_name = self.stop_request.signal_name or "another process's stop signal"
-        stopped = Preempted(signal_name, self.state.step)
+        stopped = Preempted(signal_name, step)
         self.runtime.notice(stopped.message)
-        raise stopped
+        return stopped

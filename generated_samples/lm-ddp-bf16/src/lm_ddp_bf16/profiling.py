@@ -72,10 +72,16 @@ class ProfileWindow:
         profiler.export_chrome_trace(str(self.path))
         self.written = self.path
 
-    def close(self) -> Path | None:
+    def close(self) -> str | None:
         """Stop the profiler (writing what a run that ended inside the window recorded);
-        return the trace written, if any."""
+        return the path of the trace written, if any (idempotent)."""
         if self.profiler is not None:
             self.profiler.stop()
             self.profiler = None
-        return self.written
+        return str(self.written) if self.written else None
+
+    def __enter__(self) -> ProfileWindow:
+        return self
+
+    def __exit__(self, *exception: object) -> None:
+        self.close()
