@@ -189,8 +189,9 @@ def collect_answers(args: argparse.Namespace, project_name: str) -> Answers:
 
 def cmd_new(args: argparse.Namespace) -> int:
     """`scaffold new`: collect answers (flags, variant, prompts, probe), plan, render."""
+    from scaffold.destination import check_destination
     from scaffold.planner import plan
-    from scaffold.render import check_destination, render_project
+    from scaffold.render import render_project
 
     check_destination(args.dest, args.force)
     result = plan(collect_answers(args, args.dest.resolve().name))

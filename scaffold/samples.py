@@ -16,7 +16,8 @@ from pathlib import Path
 
 from scaffold.answers import build_answers, merge_sources
 from scaffold.planner import plan
-from scaffold.render import CACHE_ENV, render_project
+from scaffold.render import render_project
+from scaffold.template_cache import CACHE_ENV
 from scaffold.variants import VARIANTS
 
 

@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import tempfile
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,23 +34,21 @@ from packaging.version import InvalidVersion, Version
 from scaffold import __version__
 from scaffold.answers import build_answers, merge_sources
 from scaffold.config_merge import LABELS, merge_config
+from scaffold.copier_runs import render_files, update_files
 from scaffold.errors import ProjectError, RenderError
 from scaffold.migrations import notes_between
 from scaffold.planner import Plan, plan
-from scaffold.render import (
+from scaffold.template_cache import (
     CACHE_ENV,
     ensure_template_repo,
-    format_with_ruff,
     has_template_version,
     keep_template_in_project,
-    merge_texts,
-    render_files,
     restore_template_version,
-    run_git,
     store_folder_as_ref,
     template_found_at,
     template_repo_source,
 )
+from scaffold.tools import format_with_ruff, merge_texts, run_git
 
 ANSWERS_FILE = ".copier-answers.yml"
 CONFIG = "configs/train.toml"  # merged by scaffold.config_merge, not by copier
@@ -385,21 +382,7 @@ def _run_copier(
     project: Path, planned: Plan, tag: str, ask: bool, recopy: bool, skip: list[str]
 ) -> None:
     """copier's update (or recopy) of `project`, leaving the files in `skip` as they are."""
-    import copier
-    from copier.errors import CopierError, CopierWarning
-
-    options = dict(data=planned.copier_data(), vcs_ref=tag, overwrite=True, quiet=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CopierWarning)
-        try:
-            if recopy:
-                copier.run_recopy(project, defaults=True, **options)
-            else:
-                copier.run_update(
-                    project, defaults=not ask, conflict="inline", skip_if_exists=skip, **options
-                )
-        except CopierError as error:
-            raise RenderError(f"copier failed: {error}") from error
+    update_files(project, planned.copier_data(), tag, ask=ask, recopy=recopy, skip=skip)
 
 
 def _dry_run(project: Path, merge: _Merge, result: UpdateResult) -> None:

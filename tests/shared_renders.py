@@ -24,8 +24,8 @@ from filelock import FileLock
 
 from scaffold.answers import build_answers, merge_sources
 from scaffold.planner import plan
-from scaffold.render import ensure_template_repo
 from scaffold.samples import render_variant
+from scaffold.template_cache import ensure_template_repo
 from scaffold.variants import VARIANTS
 
 HOME = "_home"  # beside the project in a render's folder; no project name starts with "_"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import tomllib
 
 from scaffold.config_merge import LABELS, merge_config
-from scaffold.render import merge_texts
+from scaffold.tools import merge_texts
 
 BASE = """\
 # --- data ---

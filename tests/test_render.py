@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import errno
 import os
 import re
@@ -13,14 +14,15 @@ from pathlib import Path
 import copier
 import pytest
 import yaml
-from conftest import ruff
+from conftest import REPO_ROOT, ruff
 from shared_renders import raw_render
 
-import scaffold.render
+import scaffold.destination
 from scaffold.answers import FRAMEWORK_RENDERS, build_answers
 from scaffold.errors import DestinationError, RenderError
 from scaffold.planner import plan
-from scaffold.render import ensure_template_repo, render_project, template_repo_source
+from scaffold.render import render_project
+from scaffold.template_cache import ensure_template_repo, template_repo_source
 from scaffold.variants import VARIANTS
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "templates"
@@ -129,7 +131,7 @@ def test_template_cache_tags_once_and_never_moves_a_tag(tmp_path, monkeypatch):
     changed = tmp_path / "templates"
     shutil.copytree(TEMPLATE, changed)
     (changed / "project" / "configs" / "train.toml.jinja").write_text("seed = 1\n")
-    monkeypatch.setattr("scaffold.render.bundled_template", lambda: changed)
+    monkeypatch.setattr("scaffold.template_cache.bundled_template", lambda: changed)
     with pytest.warns(UserWarning, match="without a version bump"):
         _, dev_tag = ensure_template_repo()
     assert dev_tag.startswith("v0.1.0+dev.")
@@ -212,7 +214,7 @@ def break_ruff(monkeypatch) -> None:
 def break_the_move(monkeypatch) -> None:
     """The rename of the first entry into src/ fails, after README.md and pyproject.toml were
     replaced (sorted order), so undoing must put the owner's files back."""
-    real = scaffold.render._rename
+    real = scaffold.destination._rename
 
     def rename(source, goal, moves):
         if goal.parent.name == "src":
@@ -220,7 +222,7 @@ def break_the_move(monkeypatch) -> None:
             raise OSError(28, "No space left on device", str(goal))
         real(source, goal, moves)
 
-    monkeypatch.setattr(scaffold.render, "_rename", rename)
+    monkeypatch.setattr(scaffold.destination, "_rename", rename)
 
 
 @pytest.mark.parametrize("breaks", [break_copier, break_ruff, break_the_move])
@@ -308,3 +310,16 @@ def test_force_refuses_to_put_a_file_over_a_folder_or_a_folder_over_a_file(tmp_p
     with pytest.raises(DestinationError, match=message):
         force_render(dest)
     assert tree(dest) == before
+
+
+def test_one_module_of_scaffold_imports_copier():
+    """copier's API is used in one place (copier_runs.py); the others call it."""
+    importers = []
+    for path in sorted((REPO_ROOT / "scaffold").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            if any(name.split(".")[0] == "copier" for name in names):
+                importers.append(path.name)
+    assert set(importers) == {"copier_runs.py"}, importers

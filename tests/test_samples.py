@@ -17,8 +17,8 @@ import yaml
 from shared_renders import raw_render
 
 import scaffold.samples
-from scaffold.render import format_with_ruff
 from scaffold.samples import stale_sample_files
+from scaffold.tools import format_with_ruff
 from scaffold.variants import VARIANTS
 
 SAMPLES = Path(__file__).resolve().parents[1] / "generated_samples"
