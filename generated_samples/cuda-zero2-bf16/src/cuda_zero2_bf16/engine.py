@@ -1,7 +1,7 @@
 """The training engine: DeepSpeed ZeRO stage 2, one process per device.
 
-ZeRO stage 2 partitions the optimizer state and the gradients across ranks; each rank
-holds the whole parameters.
+ZeRO stage 2 partitions the optimizer state and the gradients across ranks; every
+rank holds all the parameters.
 
 Every project's `engine.py` has one `Engine` with the same verbs, so `train.py` never names a
 strategy or a precision: `micro_step(last)`, `autocast()`, `backward(loss)`,
