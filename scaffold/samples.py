@@ -7,7 +7,6 @@ depends on nothing but the template and the variant's answers.
 from __future__ import annotations
 
 import filecmp
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -18,24 +17,15 @@ from scaffold.answers import build_answers, merge_sources
 from scaffold.planner import plan
 from scaffold.render import render_project
 from scaffold.template_cache import CACHE_ENV
+from scaffold.tools import environment
 from scaffold.variants import VARIANTS
 
 
 @contextmanager
 def fresh_template_cache() -> Iterator[None]:
     """Point the template cache (the default `~/.cache/scaffold`) at an empty temporary HOME."""
-    saved = {key: os.environ.get(key) for key in ("HOME", CACHE_ENV)}
-    with tempfile.TemporaryDirectory() as home:
-        os.environ["HOME"] = home
-        os.environ.pop(CACHE_ENV, None)
-        try:
-            yield
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+    with tempfile.TemporaryDirectory() as home, environment({"HOME": home, CACHE_ENV: None}):
+        yield
 
 
 def render_variant(name: str, dest: Path, init_git: bool = False) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from scaffold import __version__
 from scaffold.errors import RenderError
-from scaffold.tools import CACHE_GIT_IDENTITY, run_git
+from scaffold.tools import CACHE_GIT_IDENTITY, environment, run_git
 
 CACHE_ENV = "SCAFFOLD_CACHE_DIR"
 
@@ -178,16 +178,8 @@ def template_found_at(recorded: str, repo: Path) -> Iterator[None]:
             changes["GIT_CONFIG_GLOBAL"] = str(real / ".gitconfig")
         if "XDG_CONFIG_HOME" not in os.environ:  # where git reads ~/.config/git/config
             changes["XDG_CONFIG_HOME"] = str(real / ".config")
-        saved = {key: os.environ.get(key) for key in changes}
-        os.environ.update(changes)
-        try:
+        with environment(changes):
             yield
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
 
 
 def store_folder_as_ref(project: Path, folder: Path, ref: str, message: str) -> None:

@@ -3,11 +3,13 @@ three-way merges of text) and ruff (the rendered project's format)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from scaffold.errors import RenderError
@@ -106,3 +108,23 @@ def _has_git_identity(repo: Path) -> bool:
         return bool(run_git("config", "user.email", cwd=repo))
     except RenderError:
         return False
+
+
+@contextlib.contextmanager
+def environment(changes: Mapping[str, str | None]) -> Iterator[None]:
+    """Set the process environment's variables in `changes` (None: unset) while inside; put
+    back what they were on the way out."""
+    saved = {key: os.environ.get(key) for key in changes}
+    _apply(changes)
+    try:
+        yield
+    finally:
+        _apply(saved)
+
+
+def _apply(values: Mapping[str, str | None]) -> None:
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
