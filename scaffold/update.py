@@ -298,7 +298,8 @@ class _Merge:
         mine = config.read_text() if config.is_file() and not self.recopy else None
         skip = [CONFIG] if mine is not None else []
         with template_found_at(self.recorded_source, Path(self.renders.source)):
-            _run_copier(folder, self.planned, self.new_tag, self.ask, self.recopy, skip)
+            data = self.planned.copier_data()
+            update_files(folder, data, self.new_tag, ask=self.ask, recopy=self.recopy, skip=skip)
         conflicts = conflicted_files(folder)
         if mine is None or not config.is_file():
             return conflicts, ()
@@ -376,13 +377,6 @@ def _answers_after(project: Path, planned: Plan) -> dict[str, Any]:
     except ProjectError:  # e.g. conflict markers in the answers file
         recorded = {}
     return {**recorded, **planned.copier_data()}
-
-
-def _run_copier(
-    project: Path, planned: Plan, tag: str, ask: bool, recopy: bool, skip: list[str]
-) -> None:
-    """copier's update (or recopy) of `project`, leaving the files in `skip` as they are."""
-    update_files(project, planned.copier_data(), tag, ask=ask, recopy=recopy, skip=skip)
 
 
 def _dry_run(project: Path, merge: _Merge, result: UpdateResult) -> None:
