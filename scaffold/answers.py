@@ -19,19 +19,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from scaffold.errors import AnswerError, NotAvailableYet
+from scaffold.errors import AnswerError
+from scaffold.renderable import RENDERS
 
 
 @dataclass(frozen=True)
 class Question:
-    """One answer key: its prompt, type, allowed values and which of them render today."""
+    """One answer key: its prompt, type and allowed values."""
 
     key: str
     prompt: str
     kind: type  # str, int, float or bool
     default: Any
-    choices: tuple[str, ...] = ()
-    renderable: tuple[str, ...] = ()  # subset of choices the template renders now; () for all
+    choices: tuple[str, ...] = ()  # what renders (`renderable.RENDERS`); () for a free answer
     only_for_cuda: bool = False
     maximum: float | None = None  # the largest number accepted
     positive: bool = False  # 0 cannot be the answer where the question is asked
@@ -39,14 +39,10 @@ class Question:
     example: str = ""  # a valid answer for hints, where the default is not one everywhere
     takes: str = ""  # the values a text answer takes, in words
 
-    def renders(self, value: Any) -> bool:
-        """True if this template version renders `value` for this key."""
-        return not self.renderable or value in self.renderable
-
     def accepted(self) -> str:
         """The values this key accepts, in words (for `--help` and refusals)."""
         if self.choices:
-            return " | ".join(self.renderable or self.choices)
+            return " | ".join(self.choices)
         if self.kind is bool:
             return "true | false"
         if self.takes:
@@ -74,17 +70,15 @@ QUESTIONS: tuple[Question, ...] = (
         "Example task",
         str,
         "image-classification",
-        ("image-classification", "language-model"),
-        ("image-classification", "language-model"),
+        RENDERS["task"],
     ),
-    Question("hardware", "Hardware", str, "cpu", ("cpu", "cuda", "mps"), ("cpu", "cuda", "mps")),
+    Question("hardware", "Hardware", str, "cpu", RENDERS["hardware"]),
     Question(
         "gpu_arch",
         "GPU architecture",
         str,
         "none",
-        ("hopper", "ampere", "volta-turing", "none"),
-        ("hopper", "ampere", "volta-turing", "none"),
+        RENDERS["gpu_arch"],
         only_for_cuda=True,
     ),
     # The caps refuse typing slips (1e9 GiB), not real machines: each is at least twice the
@@ -139,49 +133,25 @@ QUESTIONS: tuple[Question, ...] = (
         "Training framework",
         str,
         "pytorch",
-        ("pytorch", "fabric", "accelerate"),
-        ("pytorch", "fabric", "accelerate"),
+        RENDERS["framework"],
     ),
     Question(
         "precision",
         "Precision",
         str,
         "auto",
-        ("auto", "fp32", "bf16", "fp16"),
-        ("auto", "fp32", "bf16", "fp16"),
+        RENDERS["precision"],
     ),
     Question(
         "strategy",
         "Parallelism strategy",
         str,
         "auto",
-        ("auto", "single", "ddp", "fsdp2", "zero1", "zero2", "zero3", "zero3-offload"),
+        RENDERS["strategy"],
     ),
     Question("compile", "torch.compile the model", bool, False),
 )
 QUESTION_BY_KEY = {question.key: question for question in QUESTIONS}
-
-# What each framework renders, by answer key. Every variant is tested by running it on CPU,
-# and these framework paths refuse CPUs or fall back there without a word: Fabric's
-# DeepSpeedStrategy refuses CPUs; on a CPU, Accelerate ignores its FSDP plugin (plain DDP
-# instead), DeepSpeed (with cpu=True) and fp16 (it trains in fp32). Their MPS accelerators are
-# code of their own that no CPU runs.
-FRAMEWORK_RENDERS: dict[str, dict[str, tuple[str, ...]]] = {
-    "fabric": {"hardware": ("cpu", "cuda"), "strategy": ("single", "ddp", "fsdp2")},
-    "accelerate": {
-        "hardware": ("cpu", "cuda"),
-        "strategy": ("single", "ddp"),
-        "precision": ("fp32", "bf16"),
-    },
-}
-
-
-def framework_renders(framework: str, key: str, value: str) -> bool:
-    """True if `framework` renders `value` for `key` (`auto` always: the planner checks what
-    it picks)."""
-    rendered = FRAMEWORK_RENDERS.get(framework, {}).get(key)
-    return value == "auto" or rendered is None or value in rendered
-
 
 # Top-level modules the rendered project, its tests or its tools import (a test checks the
 # template's imports against this list); a package of the same name would shadow one of them.
@@ -427,7 +397,6 @@ def coerce(question: Question, value: Any) -> Any:
     Raises:
         AnswerError: wrong type, a value outside the choices, a count below 1, a negative or
             non-finite number, or a number above the question's `maximum`.
-        NotAvailableYet: a known value that this template version cannot render yet.
     """
     key = question.key
     try:
@@ -444,11 +413,6 @@ def coerce(question: Question, value: Any) -> Any:
     if question.choices and typed not in question.choices:
         raise AnswerError(
             f"{key}={typed!r} is not known; answer one of: {', '.join(question.choices)}"
-        )
-    if not question.renders(typed):
-        raise NotAvailableYet(
-            f"{key}={typed} is not available yet in this version of scaffold; "
-            f"answer one of: {', '.join(question.renderable)}"
         )
     if question.kind is float and not math.isfinite(typed):
         raise AnswerError(f"{key}={value!r} is not a finite number; answer e.g. {question.hint()}")

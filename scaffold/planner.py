@@ -18,14 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from scaffold.answers import (
-    FRAMEWORK_RENDERS,
-    QUESTION_BY_KEY,
-    Answers,
-    coerce,
-    framework_renders,
-    parse_model_size,
-)
+from scaffold.answers import QUESTION_BY_KEY, Answers, coerce, parse_model_size
 from scaffold.errors import AnswerError, NotAvailableYet
 from scaffold.memory import GIB, Estimate, estimate, gib
 from scaffold.recipes import (
@@ -37,6 +30,7 @@ from scaffold.recipes import (
     total_steps,
     within_accumulation,
 )
+from scaffold.renderable import FRAMEWORK_RENDERS, framework_renders
 from scaffold.shapes import DecoderShape, ModelShape, cnn_for, decoder_for, largest_decoder
 
 # Share of device memory a plan may fill: the seeds' "raise batch size until memory is ~85-90%
@@ -239,10 +233,11 @@ def refuse_what_cannot_render(answers: Answers, strategy: Decision, precision: D
 
     Raises:
         AnswerError: fp16 with a sharded strategy (`_no_fp16_when_sharded`).
-        NotAvailableYet: the chosen strategy is not rendered yet, or not by the framework.
+        AnswerError: the chosen strategy is not in `renderable.RENDERS`.
+        NotAvailableYet: the chosen strategy or precision is not rendered by the framework.
     """
     _no_fp16_when_sharded({"strategy": strategy.value, "precision": precision.value})
-    coerce(QUESTION_BY_KEY["strategy"], strategy.value)  # NotAvailableYet if not rendered yet
+    coerce(QUESTION_BY_KEY["strategy"], strategy.value)  # AnswerError if `RENDERS` lacks it
     framework = answers.framework
     for decision in (strategy, precision):
         if not framework_renders(framework, decision.key, decision.value):

@@ -20,6 +20,7 @@ from scaffold.answers import (
 )
 from scaffold.errors import AnswerError, NotAvailableYet
 from scaffold.planner import plan
+from scaffold.renderable import FRAMEWORK_RENDERS, RENDERS
 from scaffold.variants import DEFAULT_VARIANT, VARIANTS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -42,14 +43,19 @@ def test_invalid_project_names(name):
         package_name_for(name)
 
 
-def test_copier_choices_match_the_renderable_answers():
-    """copier.yml lists what the template renders; answers.py must agree value for value."""
+def test_copier_choices_and_the_questions_match_the_table_of_what_renders():
+    """copier.yml lists what the template renders; `renderable.RENDERS` must agree value for
+    value, and every question with choices offers exactly the table's."""
     copier_yml = yaml.safe_load((TEMPLATE / "copier.yml").read_text())
     for question in QUESTIONS:
         assert question.key in copier_yml, question.key
-        if question.renderable:
-            renderable = [v for v in question.renderable if v != "auto"]
-            assert copier_yml[question.key]["choices"] == renderable, question.key
+        assert question.choices == RENDERS.get(question.key, ()), question.key
+    for key, values in RENDERS.items():
+        assert copier_yml[key]["choices"] == [v for v in values if v != "auto"], key
+    for framework, renders in FRAMEWORK_RENDERS.items():
+        assert framework in RENDERS["framework"], framework
+        for key, values in renders.items():
+            assert set(values) < set(RENDERS[key]), (framework, key)
 
 
 def answers(**values):
@@ -88,12 +94,6 @@ def test_a_model_too_big_for_all_gpus_together_gets_zero3_with_cpu_offload():
     assert any("CPU memory" in reason for reason in resolved.reasons)
 
 
-def test_every_hardware_and_strategy_renders():
-    for key in ("hardware", "strategy"):
-        question = QUESTION_BY_KEY[key]
-        assert all(question.renders(value) for value in question.choices), key
-
-
 def test_fsdp2_with_fp16_is_refused_with_the_way_out_and_auto_picks_fp32_there():
     volta = {"hardware": "cuda", "gpu_arch": "volta-turing", "gpus_per_node": 4}
     with pytest.raises(AnswerError, match="precision=bf16 or fp32"):
@@ -124,12 +124,12 @@ def test_every_variant_is_valid_and_fully_resolved(name):
     assert set(VARIANTS[name]) | {"project_name"} == {q.key for q in QUESTIONS}
 
 
-def test_variants_cover_every_renderable_value():
-    for question in QUESTIONS:
-        if question.key in ("hardware", "strategy", "precision", "framework", "task"):
-            wanted = set(question.renderable) - {"auto"}
-            covered = {answers[question.key] for answers in VARIANTS.values()}
-            assert wanted <= covered, f"{question.key}: no variant renders {wanted - covered}"
+def test_variants_cover_every_value_that_renders():
+    for key, values in RENDERS.items():
+        if key != "gpu_arch":  # hopper renders the files ampere does
+            wanted = set(values) - {"auto"}
+            covered = {answers[key] for answers in VARIANTS.values()}
+            assert wanted <= covered, f"{key}: no variant renders {wanted - covered}"
     assert len(VARIANTS) >= 10
 
 

@@ -483,7 +483,7 @@ def test_new_help_lists_every_answer_key_with_the_values_it_takes(tmp_path):
         entry = re.search(rf"^  {question.key} +(.*)\n +(.*)$", keys, re.MULTILINE)
         assert entry, question.key
         assert question.prompt in entry.group(1), question.key
-        for value in question.renderable or question.choices:
+        for value in question.choices:
             assert value in entry.group(2).split(" | "), (question.key, value)
     assert re.search(r"^  gpu_memory_gb .*\n +more than 0 and at most 1,024$", keys, re.MULTILINE)
     assert re.search(r"^  strategy .*\(default auto\)", keys, re.MULTILINE)

@@ -18,10 +18,11 @@ from conftest import REPO_ROOT, ruff
 from shared_renders import raw_render
 
 import scaffold.destination
-from scaffold.answers import FRAMEWORK_RENDERS, build_answers
+from scaffold.answers import build_answers
 from scaffold.errors import DestinationError, RenderError
 from scaffold.planner import plan
 from scaffold.render import render_project
+from scaffold.renderable import FRAMEWORK_RENDERS
 from scaffold.template_cache import ensure_template_repo, template_repo_source
 from scaffold.variants import VARIANTS
 
@@ -30,7 +31,7 @@ TEMPLATE = Path(__file__).resolve().parents[1] / "templates"
 
 # Framework renders the matrix does not run: Fabric's fp16 and the other precisions of each
 # strategy (the planner refuses fp16 with FSDP2 and with Accelerate).
-FRAMEWORK_RENDERS = {
+UNRUN_RENDERS = {
     f"{framework}-{strategy}-{precision}": {
         **VARIANTS["cuda-single-fp16" if precision == "fp16" else "cuda-ddp-bf16"],
         "framework": framework,
@@ -63,17 +64,17 @@ def test_raw_render_is_lint_and_format_clean_with_no_jinja_left(tmp_path_factory
 
 
 def framework_render(factory: pytest.TempPathFactory, name: str) -> Path:
-    """copier's render of FRAMEWORK_RENDERS[name], under a name that sorts before `conftest`."""
-    return raw_render(factory, f"aa-{name}", FRAMEWORK_RENDERS[name])
+    """copier's render of UNRUN_RENDERS[name], under a name that sorts before `conftest`."""
+    return raw_render(factory, f"aa-{name}", UNRUN_RENDERS[name])
 
 
-@pytest.mark.parametrize("name", list(FRAMEWORK_RENDERS))
+@pytest.mark.parametrize("name", list(UNRUN_RENDERS))
 def test_every_framework_strategy_and_precision_renders_clean(tmp_path_factory, name):
     """Also under a name that sorts before `conftest`: the tests' imports stay sorted."""
     project = framework_render(tmp_path_factory, name)
     assert_clean(project)
     package = project / "src" / project.name.replace("-", "_")
-    framework, precision = (FRAMEWORK_RENDERS[name][key] for key in ("framework", "precision"))
+    framework, precision = (UNRUN_RENDERS[name][key] for key in ("framework", "precision"))
     engine = (package / "engine.py").read_text()
     shared_step = package / f"{framework}_step.py"  # the replicated engines' shared verbs
     verbs = shared_step.read_text() if shared_step.exists() else engine
