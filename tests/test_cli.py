@@ -66,6 +66,7 @@ DEFAULT_FILES = {
         "task_config",
         "trackers",
         "train",
+        "validation",
     )
 }
 

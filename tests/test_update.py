@@ -23,8 +23,8 @@ from scaffold.samples import render_variant
 from scaffold.variants import VARIANTS
 
 NEW_VERSION = "0.2.0"
-LOOP_LINE = "    engine.module.eval()  # dropout off"
-LOOP_FIX = "    engine.module.eval()  # dropout off; BatchNorm uses running statistics"
+LOOP_LINE = "    engine.zero_grad()"
+LOOP_FIX = "    engine.zero_grad()  # set_to_none: the first backward writes the gradients"
 ENGINE_LINE = "        self.optimizer.zero_grad(set_to_none=True)"
 ENGINE_FIX = "        self.optimizer.zero_grad(set_to_none=True)  # frees the gradients' memory"
 LOADER_LINE = "        batch_size=None,  # the sampler yields whole batches"
@@ -113,7 +113,7 @@ def test_same_line_edited_on_both_sides_fails_loudly_and_commits_nothing(project
     """The owner also deleted a file the template changes: the conflicts win the exit code, and
     the deleted file is still listed."""
     train = project / "src" / "demo" / "train.py"
-    train.write_text(train.read_text().replace(LOOP_LINE, "    model.eval()  # my own note"))
+    train.write_text(train.read_text().replace(LOOP_LINE, "    engine.zero_grad()  # my own note"))
     git(project, "rm", "--quiet", "src/demo/loader.py")
     commit_all(project, "my note, no loader")
     head = git(project, "rev-parse", "HEAD")
@@ -614,7 +614,7 @@ def test_a_new_model_size_merges_the_plan_into_train_toml_and_keeps_the_owners_v
 
 def test_diff_says_in_one_line_that_the_update_would_conflict_and_exits_1(project, new_template):
     train = project / "src" / "demo" / "train.py"
-    train.write_text(train.read_text().replace(LOOP_LINE, "    model.eval()  # my own note"))
+    train.write_text(train.read_text().replace(LOOP_LINE, "    engine.zero_grad()  # my own note"))
     commit_all(project, "my note")
     before = snapshot(project)
     result = update(project, new_template, "--diff")

@@ -23,7 +23,8 @@ from cpu_single_fp32.preemption import PREEMPTED_EXIT_CODE, Preempted
 from cpu_single_fp32.run_folder import NotARunFolder, holds_a_run, mark_as_a_run
 from cpu_single_fp32.runtime import init_runtime
 from cpu_single_fp32.state_io import atomic_save
-from cpu_single_fp32.train import Trainer, evaluate, main, train_step
+from cpu_single_fp32.train import Trainer, main, train_step
+from cpu_single_fp32.validation import evaluate
 
 from conftest import (
     PROJECT_ROOT,

@@ -23,7 +23,8 @@ from cuda_zero1_bf16.preemption import PREEMPTED_EXIT_CODE, Preempted
 from cuda_zero1_bf16.run_folder import NotARunFolder, holds_a_run, mark_as_a_run
 from cuda_zero1_bf16.runtime import init_runtime
 from cuda_zero1_bf16.state_io import atomic_save
-from cuda_zero1_bf16.train import Trainer, evaluate, main, train_step
+from cuda_zero1_bf16.train import Trainer, main, train_step
+from cuda_zero1_bf16.validation import evaluate
 
 from conftest import (
     PROJECT_ROOT,

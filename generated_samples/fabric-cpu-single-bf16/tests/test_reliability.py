@@ -23,7 +23,8 @@ from fabric_cpu_single_bf16.preemption import PREEMPTED_EXIT_CODE, Preempted
 from fabric_cpu_single_bf16.run_folder import NotARunFolder, holds_a_run, mark_as_a_run
 from fabric_cpu_single_bf16.runtime import init_runtime
 from fabric_cpu_single_bf16.state_io import atomic_save
-from fabric_cpu_single_bf16.train import Trainer, evaluate, main, train_step
+from fabric_cpu_single_bf16.train import Trainer, main, train_step
+from fabric_cpu_single_bf16.validation import evaluate
 
 from conftest import (
     PROJECT_ROOT,

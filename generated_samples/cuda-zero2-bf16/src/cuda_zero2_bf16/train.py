@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -19,19 +19,20 @@ from torch.optim.lr_scheduler import LRScheduler
 from .build import build_on_meta
 from .checkpoint import CheckpointManager
 from .checkpointer import Checkpointer
-from .config import Config, parse_command_line
+from .config import Config, parse_command_line, user_errors
 from .data import build_datasets
 from .engine import Engine
-from .loader import make_eval_loader, make_train_loader, padded_batches
+from .loader import make_eval_loader, make_train_loader
 from .optim import build_optimizer, build_scheduler
 from .profiling import ProfileWindow
 from .progress import TrainState
 from .report import RunLog
 from .resume import DataPosition, enter_run_folder, seed_everything, start_or_resume
-from .runtime import Runtime, all_reduce_sum, init_runtime, shutdown_runtime
+from .runtime import Runtime, init_runtime, shutdown_runtime
 from .safeguards import Safeguards
 from .summary import finish_run
-from .task import SUMS, eval_sums, loss_fn, micro_batch_weights, validation_metrics
+from .task import loss_fn, micro_batch_weights
+from .validation import evaluate
 
 
 def train_step(
@@ -57,23 +58,6 @@ def train_step(
     if not (skipped := engine.step_skipped()):  # the schedule counts applied updates
         scheduler.step()  # once per optimizer step: warmup and decay are counted in steps
     return total_loss / count, grad_norm, skipped
-
-
-def evaluate(engine: Engine, loader: Iterable, between_batches: Callable[[], None]) -> dict:
-    """The task's validation METRICS from the SUMS over every sample of every rank, in as many
-    passes on every rank (`padded_batches`); `between_batches()` precedes each."""
-    sums = torch.zeros(len(SUMS), dtype=torch.float64, device=engine.runtime.device)
-    engine.module.eval()  # dropout off
-    with engine.inference():
-        for inputs, targets, counted in padded_batches(loader, engine.runtime):
-            between_batches()
-            with engine.autocast():
-                logits = engine.module(inputs.to(sums.device))
-            if counted:
-                sums += eval_sums(logits, targets.to(sums.device))
-    engine.module.train()
-    totals = all_reduce_sum(sums, engine.runtime).tolist()
-    return validation_metrics(dict(zip(SUMS, totals, strict=True)))
 
 
 class Trainer:
@@ -138,20 +122,15 @@ class Trainer:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Entry point of `python -m cuda_zero2_bf16.train`; returns the run summary."""
-    try:  # set-up errors are the user's to fix: one line, no traceback
+    with user_errors():
         config, resume = parse_command_line(argv, description=__doc__.splitlines()[0])
         runtime = init_runtime(config.device)
-    except (OSError, ValueError) as error:
-        raise SystemExit(f"error: {error}") from None
     try:
-        trainer = Trainer(config, runtime, resume)
-    except (OSError, ValueError) as error:
-        shutdown_runtime(runtime)
-        raise SystemExit(f"error: {error}") from None
-    try:
+        with user_errors():
+            trainer = Trainer(config, runtime, resume)
         return trainer.fit()  # a stop signal exits with PREEMPTED_EXIT_CODE (preemption.py)
     finally:  # fit closed the log on every way out
-        del trainer  # free the wrapper's communication hooks before the process group goes
+        trainer = None  # free the wrapper's communication hooks before the process group goes
         shutdown_runtime(runtime)
 
 

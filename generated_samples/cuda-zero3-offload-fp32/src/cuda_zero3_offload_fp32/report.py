@@ -25,11 +25,11 @@ from .trackers import Tracker, check_trackers, open_trackers, scalar_tags
 
 
 class RunLog:
-    """What a run reports as it trains: `metrics.jsonl` (where each launch starts, train steps
-    and validations, one JSON object per line) and the same values to the trackers, the
-    progress bar and the throughput counters (`stats`, which the run summary reads). Only the
-    main process writes and prints; every process counts and reduces alike. Used as a context,
-    it closes on the way out.
+    """What a run reports as it trains: its records (`MetricsFile`: where each launch starts,
+    train steps and validations), the progress bar and the throughput counters (`stats`, which
+    the run summary reads). Only the main process records and prints (off it, `NoRecords` and a
+    disabled bar); every process counts and reduces alike. Used as a context, it closes on the
+    way out.
 
     Raises:
         ValueError: a tracker the config asks for is not installed (`check_trackers`), or
@@ -38,14 +38,13 @@ class RunLog:
 
     def __init__(self, config: Config, runtime: Runtime, parameters: int):
         self.config, self.runtime, self.parameters = config, runtime, parameters
-        self.path = Path(config.run_dir) / "metrics.jsonl"
         self.stats = {"samples": 0, "train_seconds": 0.0, "data_seconds": 0.0}
         self.bar: tqdm | None = None
         self.epoch_start = 0.0
         self.since_log = (0.0, 0)  # clock and sample count at the last train log line
         check_trackers(config)
         check_monitor(config.monitor)
-        self.trackers: list[Tracker] = []
+        self.records = MetricsFile(config) if runtime.is_main else NoRecords()
         self.sources: list[Callable[[], dict[str, float]]] = []
         self.data: TimedIterator | None = None
 
@@ -54,26 +53,14 @@ class RunLog:
         self.sources.append(values)
 
     def start_run(self, state: TrainState, resumed_from: str | None) -> None:
-        """Create the run folder and save the resolved config as config.json in it; drop what
-        an earlier launch logged after `state.step` (a killed run logs steps that its resume
-        trains again); record where this launch starts; open the trackers."""
-        if self.runtime.is_main:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            config_json = json.dumps(self.config.to_dict(), indent=2)
-            (self.path.parent / "config.json").write_text(config_json, encoding="utf-8")
-            keep_records_up_to(self.path, state.step)
-            self.write("start", step=state.step, resumed_from=resumed_from)
-            self.trackers = open_trackers(self.config, first_step=state.step + 1)
+        """Open the records at `state.step` (`MetricsFile.open`) and record where this launch
+        starts."""
+        self.records.open(state.step)
+        self.write("start", step=state.step, resumed_from=resumed_from)
 
     def write(self, kind: str, **values: Any) -> None:
-        """Append `{"kind": kind, **values}` to metrics.jsonl and its numbers to the trackers,
-        at `values["step"]` (main process only)."""
-        if self.runtime.is_main:
-            with open(self.path, "a", encoding="utf-8") as file:
-                file.write(json.dumps({"kind": kind, **values}) + "\n")
-            scalars = scalar_tags(kind, values)
-            for tracker in self.trackers if scalars else ():
-                tracker.log_scalars(scalars, values["step"])
+        """Record `{"kind": kind, **values}` at `values["step"]` (a no-op off the main process)."""
+        self.records.write(kind, values)
 
     def start_epoch(self, state: TrainState, steps_per_epoch: int, batches: Iterator) -> Iterator:
         """Open the epoch's progress bar at the step the epoch (re)starts from; start its clock.
@@ -107,8 +94,8 @@ class RunLog:
 
         An inf or NaN loss is logged as it is: nonfinite.py decides what it means.
         """
-        samples_per_micro_batch = self.config.micro_batch_size * self.runtime.world_size
-        self.stats["samples"] += micro_batches * samples_per_micro_batch
+        world_size = self.runtime.world_size
+        self.stats["samples"] += self.config.global_batch_size(world_size, micro_batches)
         self.bar.update()
         if not is_log_step(state.step, self.config.log_every):
             return
@@ -144,11 +131,9 @@ class RunLog:
         self.data = None  # the epoch's iterator, and any loader workers it keeps, can go
 
     def close(self) -> None:
-        """Flush and close the trackers and the progress bar (idempotent; also on a stopped or
+        """Flush and close the records and the progress bar (idempotent; also on a stopped or
         failed run's way out, which leaves the epoch's bar open)."""
-        for tracker in self.trackers:
-            tracker.close()
-        self.trackers = []
+        self.records.close()
         if self.bar is not None:
             self.bar.close()
 
@@ -157,6 +142,54 @@ class RunLog:
 
     def __exit__(self, *exception: object) -> None:
         self.close()
+
+
+class MetricsFile:
+    """The main process's records: `metrics.jsonl` in the run folder (one JSON object per
+    line) and the same numbers to the trackers the config asks for (TensorBoard, W&B)."""
+
+    def __init__(self, config: Config):
+        self.config, self.path = config, Path(config.run_dir) / "metrics.jsonl"
+        self.trackers: list[Tracker] = []
+
+    def open(self, step: int) -> None:
+        """Create the run folder and save the resolved config as config.json in it; drop what
+        an earlier launch logged after optimizer step `step` (a killed run logs steps that its
+        resume trains again); open the trackers."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        config_json = json.dumps(self.config.to_dict(), indent=2)
+        (self.path.parent / "config.json").write_text(config_json, encoding="utf-8")
+        keep_records_up_to(self.path, step)
+        self.trackers = open_trackers(self.config, first_step=step + 1)
+
+    def write(self, kind: str, values: dict[str, Any]) -> None:
+        """Append `{"kind": kind, **values}` to metrics.jsonl and its numbers to the trackers,
+        at `values["step"]`."""
+        with open(self.path, "a", encoding="utf-8") as file:
+            file.write(json.dumps({"kind": kind, **values}) + "\n")
+        scalars = scalar_tags(kind, values)
+        for tracker in self.trackers if scalars else ():
+            tracker.log_scalars(scalars, values["step"])
+
+    def close(self) -> None:
+        """Flush and close the trackers (idempotent)."""
+        for tracker in self.trackers:
+            tracker.close()
+        self.trackers = []
+
+
+class NoRecords:
+    """The records of every process but the main one: nothing (torchtitan's loggers do the
+    same off rank 0), so that no caller asks which rank it is on."""
+
+    def open(self, step: int) -> None:
+        """Nothing: the main process opens the run's records."""
+
+    def write(self, kind: str, values: dict[str, Any]) -> None:
+        """Nothing: the main process records."""
+
+    def close(self) -> None:
+        """Nothing to close."""
 
 
 def keep_records_up_to(path: Path, step: int) -> None:

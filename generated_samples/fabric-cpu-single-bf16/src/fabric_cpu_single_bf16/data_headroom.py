@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .config import load_config
+from .config import load_config, user_errors
 from .runtime import init_runtime, shutdown_runtime
 from .train import Trainer, train_step
 
@@ -107,19 +107,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if args.batches < 1 or args.steps < 1:
         counts = f"--batches {args.batches}, --steps {args.steps}"
         raise SystemExit(f"error: --batches and --steps must be at least 1 (got {counts})")
-    try:
+    with user_errors():
         config = load_config(args.config, args.overrides)
         runtime = init_runtime(config.device)
-    except (OSError, ValueError) as error:
-        raise SystemExit(f"error: {error}") from None
     try:
-        with tempfile.TemporaryDirectory() as scratch:
+        with user_errors(), tempfile.TemporaryDirectory() as scratch:
             run_dir = str(Path(scratch) / "run")
             trainer = Trainer(dataclasses.replace(config, run_dir=run_dir), runtime)
             figures = measure_headroom(trainer, args.batches, args.steps)
             del trainer
-    except ValueError as error:
-        raise SystemExit(f"error: {error}") from None
     finally:
         shutdown_runtime(runtime)
     if runtime.is_main:

@@ -129,7 +129,7 @@ def build_summary(
         "precision": PRECISION,
         "framework": FRAMEWORK,
         "world_size": runtime.world_size,
-        "global_batch_size": config.micro_batch_size * runtime.world_size * config.grad_accum_steps,
+        "global_batch_size": config.global_batch_size(runtime.world_size),
         "parameters": parameters,
         "seed": config.seed,
         "steps": state.step,

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import decimal
 import math
 import re
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,6 +108,13 @@ class Config(TaskConfig):
             )
         return int(match.group(1)), int(match.group(2))
 
+    def global_batch_size(self, world_size: int, micro_batches: int | None = None) -> int:
+        """Samples in one optimizer step over `world_size` processes: micro_batch_size x
+        world_size x micro_batches (default `grad_accum_steps`; an epoch's last step may have
+        fewer micro-batches)."""
+        micro_batches = self.grad_accum_steps if micro_batches is None else micro_batches
+        return self.micro_batch_size * world_size * micro_batches
+
     def to_dict(self) -> dict[str, Any]:
         """Plain-type dict (saved in checkpoints and the run summary)."""
         return dataclasses.asdict(self)
@@ -138,6 +147,16 @@ def parse_param_count(size: str) -> int:
             "use e.g. 100K, 2.5M, 7B or 1e6"
         )
     return int(count)
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Raise an OSError or ValueError from inside as `SystemExit("error: ...")`: set-up errors
+    (a bad key, a missing file) are the user's to fix, in one line without a traceback."""
+    try:
+        yield
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"error: {error}") from None
 
 
 def parse_command_line(argv: list[str] | None, description: str) -> tuple[Config, bool]:
