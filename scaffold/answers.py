@@ -168,6 +168,8 @@ PROJECT_IMPORTS = frozenset(
         "accelerate",
         "deepspeed",
         "wandb",
+        "tokenizers",
+        "pyarrow",
         "pytest",
         "conftest",  # the project's tests/conftest.py
         "launcher",  # tests/launcher.py

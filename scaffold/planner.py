@@ -614,7 +614,7 @@ def _settings(answers: Answers, recipe: Recipe, chosen: Fit) -> dict[str, Settin
         corpus = (
             "the example's corpus"
             if recipe.corpus_bytes == SMALL_LM_RECIPE.corpus_bytes
-            else "all of the stdlib's source; prepare a corpus this model deserves, point data_dir at it"
+            else "all of the stdlib's source; prepare a corpus this model deserves into data_dir"
         )
         settings["corpus_bytes"] = Setting(recipe.corpus_bytes, corpus)
     peak = f"~{gib(chosen.estimate.peak)} of {gib(usable)} GiB usable per device"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-VOCAB = 256  # the byte-level decoder's vocabulary (data.py's NUM_CLASSES)
+VOCAB = 257  # the example decoder's vocabulary: 256 bytes and end-of-text (data.py's NUM_CLASSES)
 IMAGE_PIXELS = 8 * 8  # the digits: one channel of 8x8 pixels (data.py's IMAGE_SHAPE)
 IMAGE_CLASSES = 10
 
@@ -119,8 +119,8 @@ class DecoderShape:
 
     Parameters per block: attention qkv 3w^2 + 3w and projection w^2 + w, MLP 4w^2 + 4w and
     4w^2 + w, two LayerNorms 4w: 12w^2 + 13w (the head count splits the channels, it adds no
-    parameters). Outside: token and position embeddings (256 + block_size) x w, the final
-    LayerNorm 2w and the head 256 x w (no bias).
+    parameters). Outside: token and position embeddings (VOCAB + block_size) x w, the final
+    LayerNorm 2w and the head VOCAB x w (no bias).
     """
 
     width: int

@@ -377,7 +377,7 @@ def test_plan_prints_each_decision_and_the_memory_table_and_writes_nothing(tmp_p
                           cwd=tmp_path, env=env)  # fmt: skip
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("Plan for language-model, model_size=7B: 6,454,648,832 parameters")
+    assert lines[0].startswith("Plan for language-model, model_size=7B: 6,454,657,024 parameters")
     decisions = ["precision=bf16:", "strategy=fsdp2:", "block_size=2048:", "lr=1.2e-4:"]
     decisions += ["micro_batch_size=", "grad_accum_steps=", "activation_checkpointing="]
     for decision in decisions:

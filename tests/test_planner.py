@@ -30,19 +30,19 @@ def model_state(result) -> int:
 def test_7b_bf16_adamw_on_8_x_80_gb_does_not_fit_ddp_and_fits_fsdp2():
     """By hand: 7B renders LLaMA-7B's shape (Touvron et al. 2023, Table 2: 32 blocks of width
     4096, 32 heads of 128), GPT-3 6.7B's too; at context 2048 it has
-    32 x (12 x 4096^2 + 13 x 4096) + (2 x 256 + 2048 + 2) x 4096 = 6,454,648,832 parameters
+    32 x (12 x 4096^2 + 13 x 4096) + (2 x 257 + 2048 + 2) x 4096 = 6,454,657,024 parameters
     (the published 6.7B counts a 32,000-token embedding and a SwiGLU MLP); with AdamW each
     keeps 4 + 4 + 8 = 16 bytes: 96.2 GiB per GPU under DDP, more than the 68 GiB usable of an
     80 GB GPU (85%); FSDP2 divides it by 8 (12.0 GiB)."""
     shape = decoder_for(7 * 10**9, 2048)
     assert (shape.depth, shape.width, shape.heads) == (32, 4096, 32)
-    assert shape.params == 32 * (12 * 4096**2 + 13 * 4096) + (2 * 256 + 2048 + 2) * 4096
+    assert shape.params == 32 * (12 * 4096**2 + 13 * 4096) + (2 * 257 + 2048 + 2) * 4096
     run = {"precision": "bf16", "world_size": 8, "micro_batch": 1, "checkpointing": True}
     ddp = estimate(shape, strategy="ddp", **run)
     fsdp2 = estimate(shape, strategy="fsdp2", **run)
-    assert model_state(ddp) == 16 * 6_454_648_832
+    assert model_state(ddp) == 16 * 6_454_657_024
     assert model_state(ddp) / GIB == pytest.approx(96.2, abs=0.05)
-    assert model_state(fsdp2) == 16 * math.ceil(6_454_648_832 / 8)
+    assert model_state(fsdp2) == 16 * math.ceil(6_454_657_024 / 8)
     usable = 0.85 * 80 * GIB
     assert ddp.peak > usable > fsdp2.peak
     planned = plan(answers(**H100S, model_size="7B"))
@@ -66,10 +66,10 @@ def test_125m_on_one_24_gb_gpu_trains_on_a_single_device_with_gpt3_smalls_recipe
     assert settings["grad_accum_steps"] <= MAX_ACCUMULATION
     assert not settings["activation_checkpointing"]
     # Its shape too: 12 blocks of 768 in 12 heads of 64, 12 x (12 x 768^2 + 13 x 768) +
-    # (2 x 256 + 2048 + 2) x 768 = 87,022,080 parameters with 256 byte tokens.
+    # (2 x 257 + 2048 + 2) x 768 = 87,023,616 parameters with 257 tokens (bytes, end-of-text).
     assert (planned.shape.depth, planned.shape.width, planned.shape.heads) == (12, 768, 12)
     shape_line = next(r for r in planned.reasons if r.startswith("shape "))
-    assert "GPT-3 Small's (Brown et al. 2020, Table 2.1); 87,022,080 parameters" in shape_line
+    assert "GPT-3 Small's (Brown et al. 2020, Table 2.1); 87,023,616 parameters" in shape_line
     assert "the published 125M counts a 50,257-token embedding" in shape_line
 
 
@@ -338,10 +338,10 @@ def test_each_rule_checks_the_answers_it_needs_as_soon_as_they_are_given(values,
 
 def test_the_largest_decoder_is_refused_just_above_it():
     """96 blocks (GPT-3 175B's depth) of the widest width, 32,768 = 256 heads of 128:
-    96 x (12 x 32768^2 + 13 x 32768) + (2 x 256 + 2048 + 2) x 32768 parameters."""
+    96 x (12 x 32768^2 + 13 x 32768) + (2 x 257 + 2048 + 2) x 32768 parameters."""
     largest = largest_decoder(2048)
     assert (largest.depth, largest.width, largest.heads) == (96, 32768, 256)
-    assert largest.params == 96 * (12 * 32768**2 + 13 * 32768) + 2562 * 32768 == 1_237_075_427_328
+    assert largest.params == 96 * (12 * 32768**2 + 13 * 32768) + 2564 * 32768 == 1_237_075_492_864
     check({"task": "language-model", "model_size": str(largest.params)})
     with pytest.raises(AnswerError, match="96 blocks of width 32,768"):
         check({"task": "language-model", "model_size": str(largest.params + 1)})

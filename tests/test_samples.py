@@ -246,7 +246,7 @@ def test_a_7b_plan_renders_a_project_whose_config_a_user_could_launch(tmp_path):
     )
     built = run_in_project(project, "-c", script)
     assert built.returncode == 0, built.stderr[-2000:]
-    assert json.loads(built.stdout) == [6_454_648_832, True, 2048, 1.2e-4, 128]
+    assert json.loads(built.stdout) == [6_454_657_024, True, 2048, 1.2e-4, 128]
     ladder = ["tests/test_model.py", "tests/test_build.py", "tests/test_loop.py"]
     tests = run_in_project(project, "-m", "pytest", "-q", "-p", "no:cacheprovider", *ladder)
     assert tests.returncode == 0, tests.stdout[-3000:]

@@ -108,7 +108,7 @@ def test_a_size_between_published_ones_takes_the_nearest_ones_depth_and_head_siz
     size, depth, width, heads, row
 ):
     """1B: the nearest published blocks are GPT-3 XL's 24 x 2048 (1.21B as built here, against
-    Large's 0.68B): 24 blocks of heads of 128, and 24 x (12 w^2 + 13 w) + (2 x 256 + 2048 + 2) w
+    Large's 0.68B): 24 blocks of heads of 128, and 24 x (12 w^2 + 13 w) + (2 x 257 + 2048 + 2) w
     first reaches 1B at w = 1920 = 15 x 128 (1,067,201,280; 14 x 128 = 1792 gives 929,994,240)."""
     shape = decoder_for(size, 2048)
     assert (shape.depth, shape.width, shape.heads, shape.row.name) == (depth, width, heads, row)

@@ -581,13 +581,13 @@ def test_a_deleted_file_comes_back_fixed_in_a_project_inside_a_larger_repository
 
 
 def test_a_new_model_size_merges_the_plan_into_train_toml_and_keeps_the_owners_values(tmp_path):
-    """The owner points text_path at their corpus (the line above a planned one) and renames
+    """The owner names their tokenizer (the line above a planned one) and renames
     run_dir; `--data model_size=30M` re-plans: every `# plan:` line takes the new plan's value,
     their values stay, no conflict; `--diff` says so in one line first, and the plan is shown."""
     project = tmp_path / "lm"
     render_variant("lm-cpu-single-fp32", project, init_git=True)
     config = project / "configs" / "train.toml"
-    mine = config.read_text().replace('text_path = ""', 'text_path = "data/corpus.txt"')
+    mine = config.read_text().replace('tokenizer = "bytes"', 'tokenizer = "my/tokenizer.json"')
     mine = mine.replace('run_dir = "runs/stdlib-lm"', 'run_dir = "runs/mine"')
     config.write_text(mine)
     commit_all(project, "my corpus")
@@ -604,7 +604,7 @@ def test_a_new_model_size_merges_the_plan_into_train_toml_and_keeps_the_owners_v
     text = config.read_text()
     assert "<<<<<<<" not in text and not list(project.rglob("*.rej"))
     values = tomllib.loads(text)
-    assert (values["text_path"], values["run_dir"]) == ("data/corpus.txt", "runs/mine")
+    assert (values["tokenizer"], values["run_dir"]) == ("my/tokenizer.json", "runs/mine")
     answers = {**VARIANTS["lm-cpu-single-fp32"], "model_size": "30M", "project_name": "lm"}
     planned = plan(build_answers(merge_sources(answers)))
     for key, setting in planned.settings.items():

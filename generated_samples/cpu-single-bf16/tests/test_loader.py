@@ -9,12 +9,12 @@ import sys
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import BatchSampler, Dataset, DistributedSampler, get_worker_info
 
 from cpu_single_bf16.config import Config
 from cpu_single_bf16.data import build_datasets
 from cpu_single_bf16.loader import epoch_iterator, make_train_loader
-from cpu_single_bf16.runtime import init_runtime
+from cpu_single_bf16.runtime import init_runtime, set_sampler_epoch
 
 import launcher
 from conftest import PROJECT_ROOT
@@ -59,6 +59,38 @@ def test_worker_streams_reproduce_in_a_fresh_process(config):
     assert result.returncode == 0, result.stderr
     last_line = result.stdout.splitlines()[-1]  # libraries may log to stdout on import
     assert json.loads(last_line) == worker_draws(config, epochs=2)
+
+
+def test_the_sample_order_depends_on_the_seed_and_epoch_not_the_world_size(config):
+    """An optimizer step of 2 micro-batches in one process trains on the very samples that 2
+    processes of one micro-batch each do (torch's DistributedSampler over 2 ranks, what a
+    multi-process runtime uses): a global batch does not depend on how many processes share
+    it."""
+    train_set, _ = build_datasets(config)
+    loader = make_train_loader(train_set, config, init_runtime("cpu"))
+    size = config.micro_batch_size
+    for epoch in (0, 1):
+        one = [batch for batch in epoch_order(loader, epoch)]
+        ranks = [
+            list(BatchSampler(rank_sampler(train_set, config.seed, rank, epoch), size, True))
+            for rank in (0, 1)
+        ]
+        for step in range(min(len(ranks[0]), len(one) // 2)):
+            two = sorted(ranks[0][step] + ranks[1][step])
+            assert sorted(one[2 * step] + one[2 * step + 1]) == two, (epoch, step)
+    assert epoch_order(loader, 0) != epoch_order(loader, 1), "each epoch reshuffles"
+
+
+def epoch_order(loader, epoch: int) -> list[list[int]]:
+    """The sample indices of each micro-batch the loader's sampler yields in `epoch`."""
+    set_sampler_epoch(loader.sampler.sampler, epoch)
+    return list(loader.sampler)
+
+
+def rank_sampler(dataset: Dataset, seed: int, rank: int, epoch: int) -> DistributedSampler:
+    sampler = DistributedSampler(dataset, 2, rank, shuffle=True, seed=seed, drop_last=True)
+    sampler.set_epoch(epoch)
+    return sampler
 
 
 def test_epoch_replay_resumes_at_the_same_batch(config):

@@ -222,7 +222,7 @@ def rewrite_trainer_state(folder: Path, change) -> None:
         (lambda state: state.update(format=99), "format 99"),
         (lambda state: state["ranks"].append(state["ranks"][0]), "2-process checkpoints"),
         (lambda state: state["config"].update(seed=7), "changed seed"),
-        (lambda state: state["config"].update(corpus_bytes=1234), "changed corpus_bytes"),
+        (lambda state: state["config"].update(data_dir="data/other"), "changed data_dir"),
         (lambda state: state["config"].update(block_size=8), "changed block_size"),
     ],
 )

@@ -5,6 +5,8 @@ them together; `scaffold update` leaves this file alone."""
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,23 +26,19 @@ def test_batch_shapes_and_dtypes(config):
     assert inputs.dtype == targets.dtype == torch.int64
     assert inputs.min() >= 0 and inputs.max() < NUM_CLASSES
     assert torch.equal(inputs[:, 1:], targets[:, :-1]), "targets are the next tokens"
-    tokens = (len(train_set) + len(val_set)) * config.block_size
-    assert config.corpus_bytes - 2 * config.block_size - 2 <= tokens <= config.corpus_bytes
+    manifest = json.loads((Path(config.data_dir) / "manifest.json").read_text())
+    assert manifest["source_bytes"] == config.corpus_bytes
+    held_out = manifest["documents"]["val"] / sum(manifest["documents"].values())
+    assert abs(held_out - config.val_fraction) < 0.1, manifest["documents"]
 
 
-def test_corpus_is_read_in_a_fixed_order_and_split_at_the_end(config):
+def test_the_example_corpus_is_the_stdlib_in_a_fixed_order(config):
     sources = stdlib_sources()
     assert sources == sorted(sources, key=lambda p: p.as_posix()) and len(sources) > 100
     first, second = build_datasets(config), build_datasets(config)
-    assert torch.equal(first[1].tokens, second[1].tokens)
-    assert len(first[1].tokens) == config.corpus_bytes - len(first[0].tokens)
-
-
-def test_text_path_is_read_as_bytes(config, tmp_path):
-    text = tmp_path / "corpus.txt"
-    text.write_text("hello, bytes! " * 200)
-    train_set, _ = build_datasets(dataclasses.replace(config, text_path=str(text)))
-    assert bytes(train_set.tokens[:14].tolist()) == b"hello, bytes! "
+    assert torch.equal(first[0][[0, 5]][0], second[0][[0, 5]][0])
+    text = bytes(first[0][[0]][0][0].tolist()).decode("utf-8", errors="replace")
+    assert text in "".join(source.read_text() for source in sources[:3]), "first files first"
 
 
 def parameter_count(model: torch.nn.Module) -> int:

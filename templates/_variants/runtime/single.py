@@ -98,7 +98,7 @@ def most_eval_batches(dataset: Dataset, micro_batch_size: int, runtime: Runtime)
 
 
 def train_sampler(dataset: Dataset, seed: int, generator: torch.Generator) -> Sampler:
-    """A shuffle seeded by `seed` and the epoch (`set_sampler_epoch`) alone: torchrun's
+    """A shuffle seeded by `seed` and the epoch (`set_sampler_epoch`) alone: a multi-process
     runtime shuffles the same way, so one process trains on the same global batches as N
     (each of N ranks takes its slice of them; MosaicML Streaming calls this elastic
     determinism). `generator` drives only the workers' seeds here, not the order."""

@@ -63,11 +63,12 @@ atexit.register(stop_workers_at_exit)
 def make_train_loader(dataset: Dataset, config: Config, runtime: Runtime) -> DataLoader:
     """Shuffled loader of this process's `micro_batch_size` batches (last partial one dropped).
 
-    One `torch.Generator` seeded with `config.seed + rank` drives the workers' base seeds, so
-    ranks draw different random streams (and the shuffle, unless the runtime's sampler shuffles
-    by seed and epoch, the same on every rank); `epoch_iterator` restores it to replay an epoch
-    exactly. Workers are not persistent: a persistent worker's RNG would carry over epochs and
-    could not be replayed. Batches are pinned for asynchronous copies to a GPU.
+    The order is the runtime's sampler's: a shuffle of the seed and the epoch alone, whatever
+    the world size, of which each rank takes its slice. One `torch.Generator` seeded with
+    `config.seed + rank` drives the workers' base seeds, so ranks draw different random
+    streams; `epoch_iterator` restores it to replay an epoch exactly. Workers are not
+    persistent: a persistent worker's RNG would carry over epochs and could not be replayed.
+    Batches are pinned for asynchronous copies to a GPU.
 
     Raises:
         ValueError: not one whole batch per process (`micro_batch_size` too large).

@@ -1,5 +1,6 @@
-"""The example data of a byte-level language model: the Python standard library's own source
-(read offline, in a fixed order), or your text file (`text_path` in configs/train.toml).
+"""The example data of a language model: a corpus prepared into token shards (`prepare.py`),
+read as memory-mapped windows (`corpus.py`). Out of the box, the Python standard library's own
+source, prepared offline into `data_dir` at the first run.
 
 This file is yours: replace the data with your own; `scaffold update` leaves it alone. What the
 rest of the project needs from it (`train.py` imports nothing else from here):
@@ -7,7 +8,8 @@ rest of the project needs from it (`train.py` imports nothing else from here):
 - `build_datasets(config) -> (train, validation)`: two map-style datasets with `len()` where
   `dataset[list_of_indices]` returns a whole batch `(inputs, targets)`, both int64 token ids
   `[B, block_size]` in `[0, NUM_CLASSES)`, targets the inputs shifted left by one token.
-- `NUM_CLASSES`: the vocabulary size (the initial loss is ln of it).
+- `NUM_CLASSES`: the model's vocabulary size (the initial loss is ln of it); at least the
+  prepared corpus's (its tokenizer's vocabulary).
 """
 
 from __future__ import annotations
@@ -15,34 +17,14 @@ from __future__ import annotations
 import sysconfig
 from pathlib import Path
 
-import torch
-from torch import Tensor
-from torch.utils.data import Dataset
-
 from .config import Config
+from .corpus import TokenWindows, read_manifest
+from .prepare import prepare
 
-NUM_CLASSES = 256  # the vocabulary: one token per byte value
-
-
-class TokenWindows(Dataset):
-    """Non-overlapping windows of a token stream, read a whole batch at a time.
-
-    `dataset[indices]` (a list of ints) returns `(inputs, targets)`, both int64 `[B, block_size]`;
-    targets are the inputs shifted left by one token (next-token prediction).
-    """
-
-    def __init__(self, tokens: Tensor, block_size: int):
-        self.tokens = tokens  # [N] uint8
-        self.block_size = block_size
-        self.offsets = torch.arange(block_size + 1)
-
-    def __len__(self) -> int:
-        return (len(self.tokens) - 1) // self.block_size
-
-    def __getitem__(self, indices: list[int]) -> tuple[Tensor, Tensor]:
-        starts = torch.as_tensor(indices, dtype=torch.long) * self.block_size
-        windows = self.tokens[starts.unsqueeze(1) + self.offsets].long()  # [B, T + 1]
-        return windows[:, :-1], windows[:, 1:]
+NUM_CLASSES = 257  # the vocabulary: 256 byte values and end-of-text (tokenizer = "bytes")
+# The example cuts the stdlib's files into documents of at most 4 KiB at line breaks: enough
+# documents in a small corpus for validation to be `val_fraction` of them.
+EXAMPLE_DOCUMENT_BYTES = 4096
 
 
 def stdlib_sources() -> list[Path]:
@@ -53,38 +35,56 @@ def stdlib_sources() -> list[Path]:
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 
-def read_corpus(config: Config) -> bytes:
-    """The first `corpus_bytes` bytes of `text_path`, or of the stdlib sources concatenated.
-
-    Raises:
-        ValueError: `text_path` does not exist, or the corpus is too short for two windows.
-    """
-    if config.text_path:
-        path = Path(config.text_path)
-        if not path.is_file():
-            raise ValueError(f"text_path {path} is not a file; point it at a UTF-8 text file")
-        with open(path, "rb") as file:
-            corpus = file.read(config.corpus_bytes)
-    else:
-        chunks, size = [], 0
-        for source in stdlib_sources():
-            chunks.append(source.read_bytes())
-            size += len(chunks[-1])
-            if size >= config.corpus_bytes:
-                break
-        corpus = b"".join(chunks)[: config.corpus_bytes]
-    if len(corpus) < 4 * (config.block_size + 1):
-        raise ValueError(
-            f"the corpus has {len(corpus)} bytes, too few for block_size={config.block_size}; "
-            "raise corpus_bytes or lower block_size"
-        )
-    return corpus
+def prepare_example(config: Config) -> None:
+    """Prepare the example's corpus in `data_dir` when it holds none and is empty or absent:
+    the first `corpus_bytes` of the standard library's source, with the config's tokenizer
+    (a trained BPE: of NUM_CLASSES tokens).
+    Every process of a first run may do it at once; each writes its own temporary folder and
+    the same corpus lands in `data_dir` (prepare.replace_folder)."""
+    data_dir = Path(config.data_dir)
+    if data_dir.exists() and any(data_dir.iterdir()):
+        return  # a corpus, or the user's own files: read_manifest says which
+    root = Path(sysconfig.get_paths()["stdlib"])
+    sources = [str(path) for path in stdlib_sources()]
+    prepare(
+        sources or [str(root)],
+        data_dir,
+        tokenizer=config.tokenizer,
+        vocab_size=NUM_CLASSES,
+        val_fraction=config.val_fraction,
+        document_bytes=EXAMPLE_DOCUMENT_BYTES,
+        max_bytes=config.corpus_bytes,
+        workers=1,
+        progress=False,
+    )
 
 
 def build_datasets(config: Config) -> tuple[TokenWindows, TokenWindows]:
-    """Split the corpus's bytes: the last `val_fraction` is validation (no window straddles)."""
-    tokens = torch.frombuffer(bytearray(read_corpus(config)), dtype=torch.uint8)
-    split = int(len(tokens) * (1 - config.val_fraction))
-    return TokenWindows(tokens[:split], config.block_size), TokenWindows(
-        tokens[split:], config.block_size
+    """The prepared corpus's train and validation windows of `block_size` tokens.
+
+    Raises:
+        ValueError: no prepared corpus in `data_dir` (the message gives the prepare command),
+            a shard changed since, a vocabulary larger than NUM_CLASSES, or too few tokens
+            for a window in either split.
+    """
+    if config.prepare_example:
+        prepare_example(config)
+    data_dir = Path(config.data_dir)
+    hint = f"run `python -m {__package__}.prepare SOURCES --out {data_dir}` first"
+    manifest = read_manifest(data_dir, hint)
+    if manifest.vocab_size > NUM_CLASSES:
+        raise ValueError(
+            f"{data_dir}'s tokenizer has {manifest.vocab_size} tokens and the model "
+            f"{NUM_CLASSES} (NUM_CLASSES in data.py); set NUM_CLASSES = {manifest.vocab_size}"
+        )
+    train, val = (
+        TokenWindows(data_dir, manifest.shards[split], manifest.dtype, config.block_size)
+        for split in ("train", "val")
     )
+    if not len(train) or not len(val):
+        raise ValueError(
+            f"{data_dir} has {manifest.tokens('train')} train and {manifest.tokens('val')} "
+            f"validation tokens, too few for windows of block_size={config.block_size}; "
+            "prepare more text or lower block_size"
+        )
+    return train, val

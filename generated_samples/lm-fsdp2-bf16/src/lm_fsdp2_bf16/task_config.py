@@ -14,8 +14,10 @@ class TaskConfig:
     training split, `warmup_steps` optimizer steps, `micro_batch_size` samples per process)."""
 
     run_dir: str = "runs/stdlib-lm"
+    data_dir: str = "data/stdlib"
+    prepare_example: bool = True
+    tokenizer: str = "bytes"
     val_fraction: float = 0.1
-    text_path: str = ""
     corpus_bytes: int = 300_000
     block_size: int = 64
     dropout: float = 0.0
@@ -26,12 +28,7 @@ class TaskConfig:
     weight_decay: float = 0.1
     early_stop_patience: int = 3
     # data settings a resume must keep (resume.py): they fix what the checkpoint trained on
-    task_resume_keys: ClassVar[tuple[str, ...]] = (
-        "val_fraction",
-        "block_size",
-        "corpus_bytes",
-        "text_path",
-    )
+    task_resume_keys: ClassVar[tuple[str, ...]] = ("data_dir", "block_size")
 
     def task_problems(self) -> list[str]:
         """Every task setting outside its range, one message per key (empty when all are
@@ -42,6 +39,10 @@ class TaskConfig:
                 problems.append(f"{key} must be > 0, got {getattr(self, key)!r}")
         if not 0 <= self.dropout < 1:
             problems.append(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if self.tokenizer not in ("bytes", "bpe") and not self.tokenizer.endswith(".json"):
+            problems.append(
+                f"tokenizer must be bytes, bpe or a tokenizer.json path, got {self.tokenizer!r}"
+            )
         if not 0 < self.val_fraction < 1:
             problems.append(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")
         return problems

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset, RandomSampler, Sampler, SequentialSampler
+from torch.utils.data import Dataset, DistributedSampler, Sampler, SequentialSampler
 from tqdm import tqdm
 
 # DataLoader workers start the platform's default way (a plain fork on Linux, the quickest):
@@ -92,9 +92,11 @@ def most_eval_batches(dataset: Dataset, micro_batch_size: int, runtime: Runtime)
 
 
 def train_sampler(dataset: Dataset, seed: int, generator: torch.Generator) -> Sampler:
-    """Shuffled sample indices drawn from `generator` (whose state a resume restores); `seed`
-    already seeded it."""
-    return RandomSampler(dataset, generator=generator)
+    """A shuffle seeded by `seed` and the epoch (`set_sampler_epoch`) alone: a multi-process
+    runtime shuffles the same way, so one process trains on the same global batches as N
+    (each of N ranks takes its slice of them; MosaicML Streaming calls this elastic
+    determinism). `generator` drives only the workers' seeds here, not the order."""
+    return DistributedSampler(dataset, 1, 0, shuffle=True, seed=seed, drop_last=True)
 
 
 def eval_sampler(dataset: Dataset) -> Sampler:
@@ -103,7 +105,8 @@ def eval_sampler(dataset: Dataset) -> Sampler:
 
 
 def set_sampler_epoch(sampler: Sampler, epoch: int) -> None:
-    """Nothing to do: the shuffle of each epoch comes from the loader's generator alone."""
+    """Reshuffle for `epoch`: without it every epoch repeats the same order."""
+    sampler.set_epoch(epoch)
 
 
 def barrier(runtime: Runtime) -> None:

@@ -1,0 +1,156 @@
+"""A prepared corpus: `manifest.json` and the token shards `prepare.py` writes beside it, read
+as memory-mapped windows.
+
+The manifest is the contract between prepare and training: the tokenizer, its vocabulary and
+end-of-text id, the shards' dtype, and per split (train, val) the shard files with their token
+counts and SHA-256 checksums. A folder without a manifest holds no corpus: prepare writes it
+last (state_io's atomic rule), so an interrupted prepare leaves nothing a run would read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+MANIFEST = "manifest.json"
+TOKENIZER_FILE = "tokenizer.json"  # beside the shards, for "bpe" and a named tokenizer.json
+FORMAT = 1
+SPLITS = ("train", "val")
+DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+CHUNK_BYTES = 1 << 24  # what hashing or copying a shard holds in memory at once
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One token shard: `file` (in the corpus folder) holds `tokens` ids of the manifest's
+    dtype, flat, documents each followed by the end-of-text id; `sha256` of its bytes."""
+
+    file: str
+    tokens: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a prepared corpus holds (see the module docstring). `sources` lists each source
+    file with its size in bytes and modification time in ns; `request` is what prepare was
+    asked (sources, tokenizer, settings), which a re-run compares to do nothing."""
+
+    tokenizer: str  # "bytes", "bpe" (trained at prepare) or "file" (a tokenizer.json named)
+    vocab_size: int
+    eot_id: int
+    dtype: str
+    shards: dict[str, tuple[Shard, ...]]
+    documents: dict[str, int]
+    source_bytes: int
+    request: dict[str, Any]
+    format: int = FORMAT
+
+    def tokens(self, split: str) -> int:
+        """Tokens in `split` ("train" or "val"), end-of-text ids included."""
+        return sum(shard.tokens for shard in self.shards[split])
+
+    def to_json(self) -> str:
+        """The manifest as written to manifest.json (sorted keys: equal manifests, equal text)."""
+        return json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        """Parse manifest.json's text.
+
+        Raises:
+            ValueError: not a manifest of this format.
+        """
+        values = json.loads(text)
+        if values.get("format") != FORMAT:
+            raise ValueError(f"manifest format {values.get('format')}, this code reads {FORMAT}")
+        shards = {split: tuple(Shard(**s) for s in values["shards"][split]) for split in SPLITS}
+        return cls(**(values | {"shards": shards}))
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of the file at `path`, read in CHUNK_BYTES pieces (constant memory)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_manifest(data_dir: Path, prepare_hint: str) -> Manifest:
+    """The manifest of the corpus in `data_dir`, every shard checked against it: its size
+    always, its checksum when its modification time is newer than the manifest's.
+
+    Raises:
+        ValueError: no prepared corpus there (the message gives `prepare_hint`, the command
+            that prepares one), an unreadable manifest, or a shard changed after prepare.
+    """
+    path = data_dir / MANIFEST
+    if not path.is_file():
+        raise ValueError(f"{data_dir} holds no prepared corpus (no {MANIFEST}); {prepare_hint}")
+    try:
+        manifest = Manifest.from_json(path.read_text(encoding="utf-8"))
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{path} is not a corpus manifest ({error}); {prepare_hint}") from None
+    written = path.stat().st_mtime_ns
+    itemsize = np.dtype(DTYPES[manifest.dtype]).itemsize
+    for split in SPLITS:
+        for shard in manifest.shards[split]:
+            file = data_dir / shard.file
+            if not file.is_file():
+                raise ValueError(f"{file} is missing; {prepare_hint}")
+            stat = file.stat()
+            changed = stat.st_size != shard.tokens * itemsize
+            if not changed and stat.st_mtime_ns > written:
+                changed = file_sha256(file) != shard.sha256
+            if changed:
+                raise ValueError(f"{file} changed after prepare (checksum); {prepare_hint}")
+    return manifest
+
+
+class TokenWindows(Dataset):
+    """Non-overlapping windows of `block_size` + 1 tokens inside each shard of one split,
+    read from memory-mapped shard files: no process copies the corpus, and DataLoader workers
+    share its pages with the training process (resident memory does not grow with it).
+
+    `dataset[indices]` (a list of ints) returns `(inputs, targets)`, both int64
+    `[B, block_size]`; targets are the inputs shifted left by one token. Window i of a shard
+    starts at token i * block_size; a shard's last tokens that fill no window are not read.
+    """
+
+    def __init__(self, data_dir: Path, shards: tuple[Shard, ...], dtype: str, block_size: int):
+        self.files = [data_dir / shard.file for shard in shards]
+        self.dtype, self.block_size = DTYPES[dtype], block_size
+        counts = [max(0, (shard.tokens - 1) // block_size) for shard in shards]
+        self.first_window = np.cumsum([0, *counts])  # window index where each shard starts
+        self.arrays: list[np.memmap] | None = None  # opened on first read, in each process
+
+    def __len__(self) -> int:
+        return int(self.first_window[-1])
+
+    def __getitem__(self, indices: list[int]) -> tuple[Tensor, Tensor]:
+        if self.arrays is None:
+            self.arrays = [np.memmap(file, dtype=self.dtype, mode="r") for file in self.files]
+        positions = np.asarray(indices, dtype=np.int64)
+        shards = np.searchsorted(self.first_window, positions, side="right") - 1
+        starts = (positions - self.first_window[shards]) * self.block_size
+        span = self.block_size + 1
+        windows = np.stack(
+            [self.arrays[s][start : start + span] for s, start in zip(shards, starts, strict=True)]
+        )
+        tokens = torch.from_numpy(windows.astype(np.int64))  # [B, block_size + 1]
+        return tokens[:, :-1], tokens[:, 1:]
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A worker started by spawn or forkserver receives the dataset pickled: send the file
+        # names, not the maps (pickling a memmap copies its whole array).
+        return self.__dict__ | {"arrays": None}
