@@ -45,7 +45,9 @@ def quiet_env(project: Path) -> dict[str, str]:
 def time_loop(project: Path, loop: str, epochs: int) -> float:
     """Steps/s of one fresh-process run of `loop` (bench/loops.py) on `project`."""
     command = [sys.executable, str(BENCH / "loops.py"), str(project), loop, str(epochs)]
-    result = subprocess.run(command, env=quiet_env(project), capture_output=True, text=True)
+    result = subprocess.run(
+        command, cwd=project, env=quiet_env(project), capture_output=True, text=True
+    )
     if result.returncode != 0:
         raise SystemExit(f"error: {loop} on {project.name} failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.splitlines()[-1])["steps_per_second"]

@@ -13,6 +13,7 @@ import torch
 from fabric_lm_fsdp2_fp32.config import load_config, parse_param_count
 from fabric_lm_fsdp2_fp32.data import build_datasets
 from fabric_lm_fsdp2_fp32.engine import Engine
+from fabric_lm_fsdp2_fp32.generate import generate
 from fabric_lm_fsdp2_fp32.model import build_model
 from fabric_lm_fsdp2_fp32.optim import build_optimizer, build_scheduler
 from fabric_lm_fsdp2_fp32.resume import seed_everything
@@ -83,6 +84,11 @@ def test_overfits_one_batch(config):
     for _ in range(steps):
         loss, _, _ = train_step(engine, scheduler, [batch], 1, config.max_grad_norm)
     assert loss.item() < 0.05, loss.item()
+    # Seen as text: a prefix of a memorised sequence is continued as it was learned.
+    tokens, prefix = batch[0][:1], 8
+    new = config.block_size - prefix
+    out = generate(engine.model, tokens[:, :prefix], new, config.block_size, temperature=0)
+    assert out.tolist() == tokens.tolist()
 
 
 @pytest.mark.parametrize(

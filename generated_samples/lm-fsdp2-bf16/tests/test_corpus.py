@@ -1,6 +1,7 @@
-"""prepare.py and corpus.py on a corpus the tests write: token shards and their manifest, a
-re-run that does nothing, a changed source, an interrupted prepare, jsonl and parquet sources,
-the tokenizers, memory-mapped windows, and bad input refused in one line."""
+"""prepare.py, corpus.py and generate.py on a corpus the tests write: token shards and their
+manifest, a re-run that does nothing, a changed source, an interrupted prepare, jsonl and
+parquet sources, the tokenizers, memory-mapped windows, sampling from a run's weights, and bad
+input refused in one line. (test_model.py's memorised batch is continued by `generate`.)"""
 
 from __future__ import annotations
 
@@ -13,11 +14,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from safetensors.torch import save_file
 
 from lm_fsdp2_bf16 import prepare as prepare_module
-from lm_fsdp2_bf16.corpus import MANIFEST, TokenWindows, read_manifest
+from lm_fsdp2_bf16.corpus import MANIFEST, Codec, TokenWindows, read_manifest
 from lm_fsdp2_bf16.data import build_datasets
-from lm_fsdp2_bf16.prepare import Encoder, main, prepare
+from lm_fsdp2_bf16.generate import main as generate_main
+from lm_fsdp2_bf16.model import build_model
+from lm_fsdp2_bf16.prepare import main, prepare
 
 HINT = "run prepare"
 LINES = [f"line {n}: the quick brown fox {n % 7} jumps over the lazy dog\n" for n in range(400)]
@@ -114,20 +118,21 @@ def test_a_trained_bpe_is_deterministic_and_its_tokenizer_json_reproduces_it(sou
     named = tmp_path / "first" / "tokenizer.json"
     again = prepare([str(sources)], tmp_path / "named", tokenizer=str(named), document_bytes=512)
     assert again.shards == first.shards and again.tokenizer == "file"
-    encoder = Encoder(named, None)
-    assert encoder.eot_id == first.eot_id
+    codec = Codec(named)
+    assert (
+        codec.eot_id == first.eot_id and codec.decode(codec.encode_batch([LINES[3]])[0]) == LINES[3]
+    )
     bytes_tokens = sum(p.tokens for p in read_manifest(tmp_path / "first", HINT).shards["train"])
     assert bytes_tokens < sum(len(line) for line in LINES), "BPE: fewer tokens than bytes"
 
 
-def test_windows_are_read_memory_mapped_and_pickle_without_the_corpus(prepared):
+def test_windows_read_the_shards_and_pickle_without_the_corpus(prepared):
     out, manifest = prepared
     windows = TokenWindows(out, manifest.shards["train"], manifest.dtype, block_size=16)
     inputs, targets = windows[[0, len(windows) - 1]]
     assert inputs.shape == targets.shape == (2, 16)
     first = np.fromfile(out / manifest.shards["train"][0].file, dtype=manifest.dtype)
     assert inputs[0].tolist() == first[:16].tolist() and targets[0].tolist() == first[1:17].tolist()
-    assert all(isinstance(array, np.memmap) for array in windows.arrays)
     assert len(pickle.dumps(windows)) < 2000, "a worker gets file names, not the tokens"
     per_shard = [(shard.tokens - 1) // 16 for shard in manifest.shards["train"]]
     assert len(windows) == sum(per_shard)
@@ -199,3 +204,22 @@ def test_a_run_refuses_no_corpus_a_changed_shard_and_a_larger_vocabulary(
     tokens.tofile(shard)
     with pytest.raises(ValueError, match="set NUM_CLASSES = 50257"):
         build_datasets(dataclasses.replace(mine, data_dir=str(changed)))
+
+
+def test_generate_continues_a_prompt_with_a_runs_weights_and_refuses_a_missing_run(
+    config, tmp_path, capsys
+):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    build_datasets(config)  # the test corpus, prepared if it is not yet
+    (run_dir / "config.json").write_text(json.dumps(config.to_dict()))
+    save_file(build_model(config).state_dict(), run_dir / "model.safetensors")
+    args = ["def main(", "--run-dir", str(run_dir), "--max-new-tokens", "5", "--device", "cpu"]
+    greedy = generate_main([*args, "--temperature", "0"])
+    assert greedy.startswith("def main(") and greedy == generate_main([*args, "--temperature", "0"])
+    sampled = {generate_main([*args, "--seed", str(seed)]) for seed in range(4)}
+    assert len(sampled) > 1, "the seed draws the samples"
+    with pytest.raises(SystemExit, match="config.json not found; train first"):
+        generate_main(["x", "--run-dir", str(tmp_path / "none")])
+    with pytest.raises(SystemExit, match="prompt is empty"):
+        generate_main(["", "--run-dir", str(run_dir)])

@@ -27,6 +27,9 @@ FORMAT = 1
 SPLITS = ("train", "val")
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 CHUNK_BYTES = 1 << 24  # what hashing or copying a shard holds in memory at once
+END_OF_TEXT = "<|endoftext|>"  # the end-of-text token of a BPE trained by prepare
+# End-of-text tokens of well-known tokenizers, for a tokenizer.json named without --eot.
+KNOWN_EOT = (END_OF_TEXT, "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>")
 
 
 @dataclass(frozen=True)
@@ -117,14 +120,71 @@ def read_manifest(data_dir: Path, prepare_hint: str) -> Manifest:
     return manifest
 
 
+class Codec:
+    """Text to token ids and back: bytes (ids 0-255, end-of-text 256), or an HF `tokenizers`
+    Tokenizer loaded from a tokenizer.json, whose end-of-text token is `eot_id`, else the token
+    `eot`, else the first of KNOWN_EOT it has.
+
+    Raises:
+        ValueError: the tokenizer.json has no such end-of-text token (name it with --eot).
+    """
+
+    def __init__(
+        self, tokenizer_file: Path | None, eot: str | None = None, eot_id: int | None = None
+    ):
+        self.tokenizer = None
+        if tokenizer_file is None:
+            self.vocab_size, self.eot_id = 257, 256
+            return
+        from tokenizers import Tokenizer  # only where a tokenizer is used
+
+        self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        if eot_id is not None:
+            self.eot_id = eot_id
+            return
+        names = (eot,) if eot else KNOWN_EOT
+        found = [i for i in map(self.tokenizer.token_to_id, names) if i is not None]
+        if not found:
+            raise ValueError(
+                f"{tokenizer_file} has no end-of-text token {' or '.join(names)}; name the "
+                "one it has with --eot"
+            )
+        self.eot_id = found[0]
+
+    @classmethod
+    def for_corpus(cls, data_dir: Path, manifest: Manifest) -> Codec:
+        """The tokenizer a corpus was prepared with (tokenizer.json beside its shards)."""
+        if manifest.tokenizer == "bytes":
+            return cls(None)
+        return cls(data_dir / TOKENIZER_FILE, eot_id=manifest.eot_id)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Each text's token ids, no end-of-text added (the tokenizer's own threads)."""
+        if self.tokenizer is None:
+            return [list(text.encode("utf-8")) for text in texts]
+        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
+        return [encoding.ids for encoding in encodings]
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of token ids; an end-of-text id becomes a blank line."""
+        if self.tokenizer is None:
+            pieces = [b"\n\n" if i == self.eot_id else bytes([i]) for i in ids]
+            return b"".join(pieces).decode("utf-8", errors="replace")
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+
 class TokenWindows(Dataset):
     """Non-overlapping windows of `block_size` + 1 tokens inside each shard of one split,
     read from memory-mapped shard files: no process copies the corpus, and DataLoader workers
-    share its pages with the training process (resident memory does not grow with it).
+    share its pages (the kernel's page cache) with the training process.
 
     `dataset[indices]` (a list of ints) returns `(inputs, targets)`, both int64
     `[B, block_size]`; targets are the inputs shifted left by one token. Window i of a shard
     starts at token i * block_size; a shard's last tokens that fill no window are not read.
+    Each read maps the shards it needs and unmaps them after copying its windows out, as
+    nanoGPT's reader does: a map kept open would keep every page a run has touched in the
+    process's resident set, which would then grow towards the corpus's size.
     """
 
     def __init__(self, data_dir: Path, shards: tuple[Shard, ...], dtype: str, block_size: int):
@@ -132,25 +192,20 @@ class TokenWindows(Dataset):
         self.dtype, self.block_size = DTYPES[dtype], block_size
         counts = [max(0, (shard.tokens - 1) // block_size) for shard in shards]
         self.first_window = np.cumsum([0, *counts])  # window index where each shard starts
-        self.arrays: list[np.memmap] | None = None  # opened on first read, in each process
 
     def __len__(self) -> int:
         return int(self.first_window[-1])
 
     def __getitem__(self, indices: list[int]) -> tuple[Tensor, Tensor]:
-        if self.arrays is None:
-            self.arrays = [np.memmap(file, dtype=self.dtype, mode="r") for file in self.files]
         positions = np.asarray(indices, dtype=np.int64)
         shards = np.searchsorted(self.first_window, positions, side="right") - 1
         starts = (positions - self.first_window[shards]) * self.block_size
         span = self.block_size + 1
-        windows = np.stack(
-            [self.arrays[s][start : start + span] for s, start in zip(shards, starts, strict=True)]
-        )
-        tokens = torch.from_numpy(windows.astype(np.int64))  # [B, block_size + 1]
+        windows = np.empty((len(positions), span), dtype=np.int64)  # [B, block_size + 1]
+        for shard in np.unique(shards):
+            tokens = np.memmap(self.files[shard], dtype=self.dtype, mode="r")
+            for row in np.flatnonzero(shards == shard):
+                windows[row] = tokens[starts[row] : starts[row] + span]
+            del tokens  # unmapped here, before the next shard is mapped
+        tokens = torch.from_numpy(windows)
         return tokens[:, :-1], tokens[:, 1:]
-
-    def __getstate__(self) -> dict[str, Any]:
-        # A worker started by spawn or forkserver receives the dataset pickled: send the file
-        # names, not the maps (pickling a memmap copies its whole array).
-        return self.__dict__ | {"arrays": None}

@@ -43,10 +43,12 @@ from .config import load_config, user_errors
 from .corpus import (
     CHUNK_BYTES,
     DTYPES,
+    END_OF_TEXT,
     FORMAT,
     MANIFEST,
     SPLITS,
     TOKENIZER_FILE,
+    Codec,
     Manifest,
     Shard,
     file_sha256,
@@ -57,9 +59,6 @@ TEXT_SUFFIXES = {".txt", ".md", ".rst", ".py", ".text", ""}
 DATA_SUFFIXES = {".jsonl", ".parquet"}
 DOCUMENT_BYTES = 1 << 20  # a text file is cut into documents of at most this, at line breaks
 BATCH_BYTES = 1 << 22  # text encoded in one call of the tokenizer
-END_OF_TEXT = "<|endoftext|>"  # the end-of-text token of a trained BPE
-# End-of-text tokens of well-known tokenizers, for a tokenizer.json named without --eot.
-KNOWN_EOT = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>")
 
 
 def find_sources(patterns: list[str]) -> list[Path]:
@@ -180,36 +179,9 @@ def is_validation(source: Path, number: int, val_fraction: float) -> bool:
 # --- tokenizers ---
 
 
-class Encoder:
-    """Text to token ids: bytes (ids 0-255, end-of-text 256) or an HF `tokenizers` Tokenizer
-    loaded from a tokenizer.json file."""
-
-    def __init__(self, tokenizer_file: Path | None, eot: str | None):
-        self.tokenizer = None
-        if tokenizer_file is None:
-            self.vocab_size, self.eot_id = 257, 256
-            return
-        from tokenizers import Tokenizer  # only where a tokenizer is used
-
-        self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
-        names = (eot,) if eot else KNOWN_EOT
-        ids = [self.tokenizer.token_to_id(name) for name in names]
-        found = [token for token in ids if token is not None]
-        if not found:
-            raise ValueError(
-                f"{tokenizer_file} has no end-of-text token {' or '.join(names)}; name the "
-                "one it has with --eot"
-            )
-        self.eot_id = found[0]
-
-    def encode(self, texts: list[str]) -> list[np.ndarray]:
-        """Each text's token ids (int64 `[n]`), the end-of-text id appended."""
-        if self.tokenizer is None:
-            arrays = [np.frombuffer(text.encode("utf-8"), dtype=np.uint8) for text in texts]
-            return [np.append(array.astype(np.int64), self.eot_id) for array in arrays]
-        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
-        return [np.array([*encoding.ids, self.eot_id], dtype=np.int64) for encoding in encodings]
+def encode_documents(codec: Codec, texts: list[str]) -> list[np.ndarray]:
+    """Each text's token ids (int64 `[n]`), the end-of-text id appended."""
+    return [np.array([*ids, codec.eot_id], dtype=np.int64) for ids in codec.encode_batch(texts)]
 
 
 def train_bpe(sources: list[Path], text_key: str, vocab_size: int, sample_bytes: int, out: Path):
@@ -271,7 +243,7 @@ class Settings:
     dtype: str
 
 
-WORKER: dict[str, Any] = {}  # each worker process's Encoder and Settings (`start_worker`)
+WORKER: dict[str, Any] = {}  # each worker process's Codec and Settings (`start_worker`)
 
 
 def start_worker(settings: Settings, parallel_tokenizer: bool) -> None:
@@ -279,14 +251,14 @@ def start_worker(settings: Settings, parallel_tokenizer: bool) -> None:
     threads would only compete with them for the cores."""
     if not parallel_tokenizer:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    WORKER["encoder"] = Encoder(settings.tokenizer_file, settings.eot)
+    WORKER["codec"] = Codec(settings.tokenizer_file, settings.eot)
     WORKER["settings"] = settings
 
 
 def encode_job(job: Job) -> dict[str, int]:
     """Encode one job's files into its part files (`part-NNNNN.<split>.bin` in the scratch
     folder), in file order; return its counts: bytes read, tokens and documents per split."""
-    encoder, settings = WORKER["encoder"], WORKER["settings"]
+    codec, settings = WORKER["codec"], WORKER["settings"]
     counts = dict.fromkeys(["bytes", *[f"{s}_tokens" for s in SPLITS]], 0)
     counts |= dict.fromkeys([f"{s}_documents" for s in SPLITS], 0)
     dtype = DTYPES[settings.dtype]
@@ -301,17 +273,18 @@ def encode_job(job: Job) -> dict[str, int]:
                 split = "val" if is_validation(path, number, settings.val_fraction) else "train"
                 batch.append((split, text))
                 if sum(len(text) for _, text in batch) >= BATCH_BYTES:
-                    write_batch(encoder, batch, parts, dtype, counts)
+                    write_batch(codec, batch, parts, dtype, counts)
                     batch = []
-            write_batch(encoder, batch, parts, dtype, counts)
+            write_batch(codec, batch, parts, dtype, counts)
     return counts
 
 
-def write_batch(encoder, batch, parts, dtype, counts) -> None:
+def write_batch(codec: Codec, batch, parts, dtype, counts) -> None:
     """Encode `batch` ((split, text) pairs) and append each document's ids to its split."""
     if not batch:
         return
-    for (split, _), ids in zip(batch, encoder.encode([text for _, text in batch]), strict=True):
+    encoded = encode_documents(codec, [text for _, text in batch])
+    for (split, _), ids in zip(batch, encoded, strict=True):
         ids.astype(dtype).tofile(parts[split])
         counts[f"{split}_tokens"] += len(ids)
         counts[f"{split}_documents"] += 1
@@ -419,8 +392,8 @@ def write_corpus(sources, budgets, scratch: Path, request, workers, progress) ->
     elif tokenizer != "bytes":
         settings_tokenizer = scratch / TOKENIZER_FILE
         shutil.copyfile(tokenizer, settings_tokenizer)
-    encoder = Encoder(settings_tokenizer, request["eot"])
-    dtype = "uint16" if encoder.vocab_size <= 2**16 else "uint32"
+    codec = Codec(settings_tokenizer, request["eot"])
+    dtype = "uint16" if codec.vocab_size <= 2**16 else "uint32"
     settings = Settings(
         settings_tokenizer,
         request["eot"],
@@ -444,8 +417,8 @@ def write_corpus(sources, budgets, scratch: Path, request, workers, progress) ->
     }
     manifest = Manifest(
         tokenizer="bytes" if tokenizer == "bytes" else "bpe" if tokenizer == "bpe" else "file",
-        vocab_size=encoder.vocab_size,
-        eot_id=encoder.eot_id,
+        vocab_size=codec.vocab_size,
+        eot_id=codec.eot_id,
         dtype=dtype,
         shards=shards,
         documents={split: totals[f"{split}_documents"] for split in SPLITS},

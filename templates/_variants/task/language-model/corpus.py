@@ -177,11 +177,14 @@ class Codec:
 class TokenWindows(Dataset):
     """Non-overlapping windows of `block_size` + 1 tokens inside each shard of one split,
     read from memory-mapped shard files: no process copies the corpus, and DataLoader workers
-    share its pages with the training process (resident memory does not grow with it).
+    share its pages (the kernel's page cache) with the training process.
 
     `dataset[indices]` (a list of ints) returns `(inputs, targets)`, both int64
     `[B, block_size]`; targets are the inputs shifted left by one token. Window i of a shard
     starts at token i * block_size; a shard's last tokens that fill no window are not read.
+    Each read maps the shards it needs and unmaps them after copying its windows out, as
+    nanoGPT's reader does: a map kept open would keep every page a run has touched in the
+    process's resident set, which would then grow towards the corpus's size.
     """
 
     def __init__(self, data_dir: Path, shards: tuple[Shard, ...], dtype: str, block_size: int):
@@ -189,25 +192,20 @@ class TokenWindows(Dataset):
         self.dtype, self.block_size = DTYPES[dtype], block_size
         counts = [max(0, (shard.tokens - 1) // block_size) for shard in shards]
         self.first_window = np.cumsum([0, *counts])  # window index where each shard starts
-        self.arrays: list[np.memmap] | None = None  # opened on first read, in each process
 
     def __len__(self) -> int:
         return int(self.first_window[-1])
 
     def __getitem__(self, indices: list[int]) -> tuple[Tensor, Tensor]:
-        if self.arrays is None:
-            self.arrays = [np.memmap(file, dtype=self.dtype, mode="r") for file in self.files]
         positions = np.asarray(indices, dtype=np.int64)
         shards = np.searchsorted(self.first_window, positions, side="right") - 1
         starts = (positions - self.first_window[shards]) * self.block_size
         span = self.block_size + 1
-        windows = np.stack(
-            [self.arrays[s][start : start + span] for s, start in zip(shards, starts, strict=True)]
-        )
-        tokens = torch.from_numpy(windows.astype(np.int64))  # [B, block_size + 1]
+        windows = np.empty((len(positions), span), dtype=np.int64)  # [B, block_size + 1]
+        for shard in np.unique(shards):
+            tokens = np.memmap(self.files[shard], dtype=self.dtype, mode="r")
+            for row in np.flatnonzero(shards == shard):
+                windows[row] = tokens[starts[row] : starts[row] + span]
+            del tokens  # unmapped here, before the next shard is mapped
+        tokens = torch.from_numpy(windows)
         return tokens[:, :-1], tokens[:, 1:]
-
-    def __getstate__(self) -> dict[str, Any]:
-        # A worker started by spawn or forkserver receives the dataset pickled: send the file
-        # names, not the maps (pickling a memmap copies its whole array).
-        return self.__dict__ | {"arrays": None}

@@ -1,0 +1,114 @@
+"""Sample text from a trained model: `python -m lm_fsdp2_bf16.generate "PROMPT" [--run-dir DIR]`.
+
+Loads the run's config (`config.json` in its folder), its best weights (`model.safetensors`;
+`--weights` names another file, e.g. `model-last.safetensors`) and the tokenizer of the corpus
+it trained on, then continues PROMPT one token at a time: temperature, then the `top_k` most
+likely tokens, sampled with a seeded generator; temperature 0 takes the most likely token.
+Stops after `--max-new-tokens` or at end-of-text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import Tensor, nn
+
+from .checkpoint import WEIGHTS_FILE
+from .config import Config, load_config, user_errors
+from .corpus import Codec, read_manifest
+from .model import build_model
+
+
+@torch.no_grad()
+def generate(
+    model: nn.Module,
+    tokens: Tensor,
+    max_new_tokens: int,
+    block_size: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    eot_id: int | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """`tokens` (int64 `[1, T]`) followed by up to `max_new_tokens` sampled ones, each from the
+    logits of the last `block_size` tokens (the context the model was trained at); stops
+    after `eot_id`. `temperature` 0 is greedy. Returns int64 `[1, T + new]` on `tokens`'s
+    device."""
+    model.eval()
+    for _ in range(max_new_tokens):
+        logits = model(tokens[:, -block_size:])[:, -1, :].float()  # [1, V]
+        if temperature == 0:
+            next_token = logits.argmax(dim=-1, keepdim=True)
+        else:
+            logits = logits / temperature
+            if top_k is not None and top_k < logits.shape[-1]:
+                kth = torch.topk(logits, top_k).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            probabilities = torch.softmax(logits, dim=-1)
+            next_token = torch.multinomial(probabilities, 1, generator=generator)
+        tokens = torch.cat([tokens, next_token], dim=1)
+        if eot_id is not None and next_token.item() == eot_id:
+            break
+    return tokens
+
+
+def load_trained(run_dir: Path, weights: str, device: torch.device) -> tuple[nn.Module, Config]:
+    """The model a run trained, with its `weights` file, and the run's config.
+
+    Raises:
+        ValueError: `run_dir` holds no config.json or no such weights file.
+    """
+    config_file, weights_file = run_dir / "config.json", run_dir / weights
+    for path in (config_file, weights_file):
+        if not path.is_file():
+            raise ValueError(f"{path} not found; train first, or name the run with --run-dir")
+    saved = json.loads(config_file.read_text(encoding="utf-8"))
+    fields = {field.name for field in dataclasses.fields(Config)}
+    config = dataclasses.replace(load_config(), **{k: v for k, v in saved.items() if k in fields})
+    model = build_model(config)
+    model.load_state_dict(load_file(weights_file))
+    return model.to(device), config
+
+
+def main(argv: list[str] | None = None) -> str:
+    """Entry point; prints the prompt and its continuation, and returns them."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("prompt", help="the text to continue")
+    parser.add_argument("--run-dir", help="the trained run (default: configs/train.toml's)")
+    parser.add_argument("--weights", default=WEIGHTS_FILE, help="a weights file of the run")
+    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    parser.add_argument("--top-k", type=int, default=50, help="sample among the k likeliest")
+    parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, mps")
+    args = parser.parse_args(argv)
+    with user_errors():
+        if args.max_new_tokens < 1 or args.temperature < 0 or args.top_k < 1:
+            raise ValueError("--max-new-tokens and --top-k must be >= 1, --temperature >= 0")
+        run_dir = Path(args.run_dir or load_config("configs/train.toml").run_dir)
+        auto = "cuda" if torch.cuda.is_available() else "cpu"
+        device = torch.device(auto if args.device == "auto" else args.device)
+        model, config = load_trained(run_dir, args.weights, device)
+        data_dir = Path(config.data_dir)
+        manifest = read_manifest(data_dir, f"the run's corpus {data_dir} is gone; prepare it")
+        codec = Codec.for_corpus(data_dir, manifest)
+        prompt = codec.encode_batch([args.prompt])[0]
+        if not prompt:
+            raise ValueError("the prompt is empty; give some text to continue")
+    generator = torch.Generator(device).manual_seed(args.seed)
+    tokens = torch.tensor([prompt], dtype=torch.long, device=device)
+    sample = {"temperature": args.temperature, "top_k": args.top_k, "generator": generator}
+    sample |= {"eot_id": codec.eot_id}
+    out = generate(model, tokens, args.max_new_tokens, config.block_size, **sample)
+    text = codec.decode(out[0].tolist())
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()
