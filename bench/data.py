@@ -11,7 +11,8 @@
 2. Resident memory of a reader. Token shards of ~10 MB and ~1 GB (random ids, written
    directly) are read by the project's `TokenWindows` through its training DataLoader, 2,000
    micro-batches of 32 x 1,024 tokens each (epoch after epoch for the small one), in a fresh
-   process; the growth of its resident set (VmRSS) over the reads is printed. The target: the two growths differ by < 50 MB.
+   process; the growth of its resident set (VmRSS) over the reads is printed. The target:
+   the two growths differ by < 50 MB.
 
 Figures, not asserts. `--readme` writes the tables into bench/README.md between its markers.
 """

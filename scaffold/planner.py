@@ -128,6 +128,7 @@ class Plan:
             f"Plan for {a.task}, model_size={a.model_size}: {self.shape.params:,} parameters as "
             f"rendered ({self.shape.describe()})",
             *(f"  {reason}" for reason in self.reasons),
+            *self._tokens_per_step(),
             f"Estimated memory per device ({a.precision}, {a.strategy} over {processes}, "
             f"micro-batch {settings['micro_batch_size'].value}, activation checkpointing "
             f"{checkpointing}), in GiB:",
@@ -139,6 +140,20 @@ class Plan:
         if self.estimate.host:
             lines.append(f"  {'host/node':<12}{gib(self.estimate.host):>9}  (offloaded state)")
         return lines
+
+    def _tokens_per_step(self) -> list[str]:
+        """For a decoder, the tokens one optimizer step trains on (the global batch times the
+        context), as a line of `describe`."""
+        if not isinstance(self.shape, DecoderShape):
+            return []
+        settings, world = self.settings, self.answers.world_size
+        sequences = settings["micro_batch_size"].value * world
+        sequences *= settings["grad_accum_steps"].value
+        tokens = sequences * self.shape.block_size
+        return [
+            f"  one optimizer step: {sequences:,} sequences x {self.shape.block_size:,} tokens = "
+            f"{tokens:,} tokens"
+        ]
 
     def memory_verdict(self) -> str:
         """`memory_verdict` of this plan's estimate: '' when it fits."""

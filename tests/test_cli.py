@@ -382,6 +382,9 @@ def test_plan_prints_each_decision_and_the_memory_table_and_writes_nothing(tmp_p
     decisions += ["micro_batch_size=", "grad_accum_steps=", "activation_checkpointing="]
     for decision in decisions:
         assert any(line.strip().startswith(decision) for line in lines), decision
+    step = next(line for line in lines if line.startswith("  one optimizer step: "))
+    sequences = int(re.search(r"([\d,]+) sequences x 2,048 tokens", step).group(1).replace(",", ""))
+    assert f"= {sequences * 2048:,} tokens" in step and sequences >= 256, step
     table = lines[lines.index(next(line for line in lines if line.startswith("Estimated"))) :]
     for component in ("weights", "gradients", "optimizer", "activations", "buffers", "peak"):
         assert any(line.split()[0] == component for line in table[1:]), component

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from lm_zero3_bf16.data import NUM_CLASSES, build_datasets, stdlib_sources
 from lm_zero3_bf16.loader import make_train_loader
 from lm_zero3_bf16.model import ByteGPT, build_model, shape_for
 from lm_zero3_bf16.runtime import init_runtime
-from lm_zero3_bf16.task import model_flops_utilization
+from lm_zero3_bf16.task import model_flops_utilization, throughput
 
 
 def test_batch_shapes_and_dtypes(config):
@@ -39,6 +40,23 @@ def test_the_example_corpus_is_the_stdlib_in_a_fixed_order(config):
     assert torch.equal(first[0][[0, 5]][0], second[0][[0, 5]][0])
     text = bytes(first[0][[0]][0][0].tolist()).decode("utf-8", errors="replace")
     assert text in "".join(source.read_text() for source in sources[:3]), "first files first"
+
+
+def test_the_summary_knows_the_data_and_many_passes_over_a_small_corpus_are_warned_of(config):
+    build_datasets(config)
+    manifest = json.loads((Path(config.data_dir) / "manifest.json").read_text())
+    corpus = sum(shard["tokens"] for shard in manifest["shards"]["train"])
+    summary = {"samples": 64, "train_seconds": 1.0, "config": config.to_dict(), "device": "cpu"}
+    facts = throughput(summary | {"parameters": 1000, "steps": 10, "global_batch_size": 32})
+    assert facts["tokens_per_step"] == 32 * config.block_size
+    assert facts["tokens_trained"] == 10 * 32 * config.block_size
+    assert facts["epochs_over_corpus"] == pytest.approx(facts["tokens_trained"] / corpus)
+    assert facts["tokens_per_parameter"] == pytest.approx(facts["tokens_trained"] / 1000)
+    with pytest.warns(UserWarning, match="beyond ~4 epochs"):
+        build_datasets(dataclasses.replace(config, epochs=50))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_datasets(dataclasses.replace(config, epochs=4))
 
 
 def parameter_count(model: torch.nn.Module) -> int:

@@ -8,12 +8,14 @@ the loss, its gradient, nor the metrics. The bundled corpus has none."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .corpus import MANIFEST, Manifest
 from .data import NUM_CLASSES
 from .runtime import Runtime, all_reduce_sum
 
@@ -98,23 +100,57 @@ def model_flops_utilization(flops_per_second: float, device: str) -> float | Non
 def throughput(summary: dict[str, Any]) -> dict[str, float | None]:
     """The summary's rates per second of training time (validation excluded): sequences,
     tokens, model FLOPs (6 N per token for forward + backward, N parameters; Kaplan et al.
-    2020, "Scaling Laws for Neural Language Models", §2.1) and their share of the GPU's peak."""
+    2020, "Scaling Laws for Neural Language Models", §2.1) and their share of the GPU's peak.
+    At the run's end (`summary` has its `steps`), also the data it trained on: tokens per
+    optimizer step, tokens trained, their ratio to the parameters (Hoffmann et al. 2022 find
+    ~20 compute-optimal) and the epochs over the prepared corpus's training tokens."""
+    block_size = summary["config"]["block_size"]
     samples_per_second = summary["samples"] / max(summary["train_seconds"], 1e-9)
-    tokens_per_second = samples_per_second * summary["config"]["block_size"]
+    tokens_per_second = samples_per_second * block_size
     flops_per_second = 6 * summary["parameters"] * tokens_per_second
-    return {
+    rates = {
         "samples_per_second": samples_per_second,
         "tokens_per_second": tokens_per_second,
         "model_flops_per_second": flops_per_second,
         "mfu": model_flops_utilization(flops_per_second, summary["device"]),
     }
+    if "steps" not in summary:
+        return rates
+    tokens_per_step = summary["global_batch_size"] * block_size
+    trained = summary["steps"] * tokens_per_step
+    corpus = corpus_train_tokens(summary["config"]["data_dir"])
+    return rates | {
+        "tokens_per_step": tokens_per_step,
+        "tokens_trained": trained,
+        "tokens_per_parameter": trained / summary["parameters"],
+        "corpus_train_tokens": corpus,
+        "epochs_over_corpus": trained / corpus if corpus else None,
+    }
+
+
+def corpus_train_tokens(data_dir: str) -> int | None:
+    """The training tokens of the corpus prepared in `data_dir` (None: no manifest there)."""
+    try:
+        manifest = Manifest.from_json((Path(data_dir) / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return manifest.tokens("train")
 
 
 def describe_throughput(summary: dict[str, Any]) -> str:
     """The rates of `throughput` as the summary's Throughput line shows them."""
     mfu = summary["mfu"]
     mfu_text = "n/a (no GPU peak known)" if mfu is None else f"{mfu:.1%}"
-    return (
+    line = (
         f"{summary['samples_per_second']:,.0f} sequences/s, "
         f"{summary['tokens_per_second']:,.0f} tokens/s, MFU {mfu_text}"
+    )
+    if "tokens_trained" not in summary:
+        return line
+    epochs = summary["epochs_over_corpus"]
+    corpus = "" if epochs is None else f", {epochs:.2f} epochs over the corpus"
+    return (
+        f"{line}; data: {summary['tokens_per_step']:,} tokens per step, "
+        f"{summary['tokens_trained']:,} trained ({summary['tokens_per_parameter']:.2f} per "
+        f"parameter{corpus})"
     )

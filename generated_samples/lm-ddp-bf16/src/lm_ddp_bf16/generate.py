@@ -1,4 +1,4 @@
-"""Sample text from a trained model: `python -m lm_ddp_bf16.generate "PROMPT" [--run-dir DIR]`.
+"""Sample from a trained model: `python -m lm_ddp_bf16.generate "PROMPT" [options]`.
 
 Loads the run's config (`config.json` in its folder), its best weights (`model.safetensors`;
 `--weights` names another file, e.g. `model-last.safetensors`) and the tokenizer of the corpus

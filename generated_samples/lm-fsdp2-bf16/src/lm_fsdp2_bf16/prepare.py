@@ -1,4 +1,4 @@
-"""Tokenize text into token shards: `python -m lm_fsdp2_bf16.prepare SOURCES... [--out DIR]`.
+"""Tokenize text into token shards: `python -m lm_fsdp2_bf16.prepare SOURCES...`.
 
 SOURCES are files, folders (searched recursively) or glob patterns of text files (`.txt`, `.md`,
 `.py`, ...: cut into documents of at most 1 MiB at line breaks), `.jsonl` (one document per

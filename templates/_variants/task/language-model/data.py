@@ -15,9 +15,10 @@ rest of the project needs from it (`train.py` imports nothing else from here):
 from __future__ import annotations
 
 import sysconfig
+import warnings
 from pathlib import Path
 
-from .config import Config
+from .config import Config, parse_param_count
 from .corpus import TokenWindows, read_manifest
 from .prepare import prepare
 
@@ -59,6 +60,21 @@ def prepare_example(config: Config) -> None:
     )
 
 
+def warn_of_repeats(config: Config, train_tokens: int) -> None:
+    """Warn when the run will pass over a corpus more than 4 times while it holds fewer than
+    20 tokens per parameter: compute-optimal training sees ~20 (Hoffmann et al. 2022), and
+    beyond ~4 epochs repeated tokens are worth much less than new ones (Muennighoff et al.
+    2023, "Scaling Data-Constrained Language Models")."""
+    per_parameter = train_tokens / parse_param_count(config.model_size)
+    if config.epochs > 4 and per_parameter < 20:
+        warnings.warn(
+            f"{config.epochs} epochs over {train_tokens:,} training tokens, "
+            f"{per_parameter:.2f} per parameter of model_size={config.model_size}: beyond ~4 "
+            "epochs repeats add little; prepare more text or train a smaller model",
+            stacklevel=3,
+        )
+
+
 def build_datasets(config: Config) -> tuple[TokenWindows, TokenWindows]:
     """The prepared corpus's train and validation windows of `block_size` tokens.
 
@@ -81,6 +97,7 @@ def build_datasets(config: Config) -> tuple[TokenWindows, TokenWindows]:
         TokenWindows(data_dir, manifest.shards[split], manifest.dtype, config.block_size)
         for split in ("train", "val")
     )
+    warn_of_repeats(config, manifest.tokens("train"))
     if not len(train) or not len(val):
         raise ValueError(
             f"{data_dir} has {manifest.tokens('train')} train and {manifest.tokens('val')} "
