@@ -38,6 +38,7 @@ class RunLog:
 
     def __init__(self, config: Config, runtime: Runtime, parameters: int):
         self.config, self.runtime, self.parameters = config, runtime, parameters
+        self.config_values = config.to_dict()  # once: the task's derived keys may read files
         self.stats = {"samples": 0, "train_seconds": 0.0, "data_seconds": 0.0}
         self.bar: tqdm | None = None
         self.epoch_start = 0.0
@@ -117,7 +118,7 @@ class RunLog:
         window = {
             "samples": self.stats["samples"] - samples,
             "train_seconds": now - clock,
-            "config": self.config.to_dict(),
+            "config": self.config_values,
             "parameters": self.parameters,
             "device": str(self.runtime.device),
         }

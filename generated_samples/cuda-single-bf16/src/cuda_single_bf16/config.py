@@ -116,8 +116,10 @@ class Config(TaskConfig):
         return self.micro_batch_size * world_size * micro_batches
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-type dict (saved in checkpoints and the run summary)."""
-        return dataclasses.asdict(self)
+        """Plain-type dict (saved in checkpoints and the run summary), with the task's resume
+        keys that are derived values rather than fields (a corpus's fingerprint...)."""
+        values = dataclasses.asdict(self)
+        return values | {key: getattr(self, key) for key in self.task_resume_keys}
 
 
 # Experiment trackers besides TensorBoard (`tensorboard`), which has a switch of its own.

@@ -4,7 +4,9 @@ and task.py: `config.Config` takes every field here, and configs/train.toml sets
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 
@@ -28,7 +30,14 @@ class TaskConfig:
     weight_decay: float = 0.1
     early_stop_patience: int = 3
     # data settings a resume must keep (resume.py): they fix what the checkpoint trained on
-    task_resume_keys: ClassVar[tuple[str, ...]] = ("data_dir", "block_size")
+    task_resume_keys: ClassVar[tuple[str, ...]] = ("data_dir", "block_size", "data_fingerprint")
+
+    @property
+    def data_fingerprint(self) -> str:
+        """SHA-256 of the prepared corpus's manifest.json in `data_dir` ('' before prepare):
+        a resume refuses a corpus prepared again there from other sources or settings."""
+        path = Path(self.data_dir) / "manifest.json"
+        return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
 
     def task_problems(self) -> list[str]:
         """Every task setting outside its range, one message per key (empty when all are
