@@ -56,7 +56,8 @@ def write_corpus(folder: Path, megabytes: int) -> int:
 def prepare_table(project: Path, megabytes: int) -> str:
     """Prepare's throughput against `encode_batch` (see the module docstring)."""
     sys.path.insert(0, str(project / "src"))
-    from lm.prepare import DOCUMENT_BYTES, documents, find_sources, prepare, train_bpe
+    from lm.prepare import prepare, train_bpe
+    from lm.sources import DOCUMENT_BYTES, documents, find_sources
     from tokenizers import Tokenizer
 
     rows = ["| what | seconds | MB/s | / encode_batch |", "| --- | --- | --- | --- |"]
