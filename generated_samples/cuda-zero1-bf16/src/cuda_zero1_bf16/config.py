@@ -117,7 +117,7 @@ class Config(TaskConfig):
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-type dict (saved in checkpoints and the run summary), with the task's resume
-        keys that are derived values rather than fields (a corpus's fingerprint...)."""
+        keys that are derived values rather than fields (a fingerprint of the data...)."""
         values = dataclasses.asdict(self)
         return values | {key: getattr(self, key) for key in self.task_resume_keys}
 
