@@ -223,7 +223,7 @@ def rewrite_trainer_state(folder: Path, change) -> None:
         (lambda state: state["ranks"].append(state["ranks"][0]), "2-process checkpoints"),
         (lambda state: state["config"].update(seed=7), "changed seed"),
         (lambda state: state["config"].update(data_dir="data/other"), "changed data_dir"),
-        (lambda state: state["config"].update(data_fingerprint="0" * 64), "changed data_fing"),
+        (lambda state: state["config"].update(data_fingerprint="0" * 64), "the data changed"),
         (lambda state: state["config"].update(block_size=8), "changed block_size"),
     ],
 )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pickle
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from lm_zero3_bf16.data import build_datasets
 from lm_zero3_bf16.generate import main as generate_main
 from lm_zero3_bf16.model import build_model
 from lm_zero3_bf16.prepare import main, prepare
+from lm_zero3_bf16.sources import find_sources
 
 HINT = "run prepare"
 LINES = [f"line {n}: the quick brown fox {n % 7} jumps over the lazy dog\n" for n in range(400)]
@@ -224,3 +226,40 @@ def test_generate_continues_a_prompt_with_a_runs_weights_and_refuses_a_missing_r
         generate_main(["x", "--run-dir", str(tmp_path / "none")])
     with pytest.raises(SystemExit, match="prompt is empty"):
         generate_main(["", "--run-dir", str(run_dir)])
+    weights = build_model(config).state_dict()
+    weights["token_embedding.weight"] = weights["token_embedding.weight"][:10]
+    save_file(weights, run_dir / "small.safetensors")
+    with pytest.raises(SystemExit, match="does not fit model.py as it is now"):
+        generate_main([*args, "--weights", "small.safetensors"])
+
+
+def test_generate_refuses_a_corpus_prepared_again_since_the_run(config, tmp_path):
+    build_datasets(config)
+    corpus = tmp_path / "corpus"
+    shutil.copytree(config.data_dir, corpus)
+    config = dataclasses.replace(config, data_dir=str(corpus))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps(config.to_dict()))
+    save_file(build_model(config).state_dict(), run_dir / "model.safetensors")
+    with open(corpus / MANIFEST, "a") as manifest:
+        manifest.write("\n")  # the same corpus to a reader, another file to a fingerprint
+    with pytest.raises(SystemExit, match="was prepared again since"):
+        generate_main(["x", "--run-dir", str(run_dir), "--device", "cpu"])
+
+
+def test_prepare_refuses_bad_options_and_a_bad_tokenizer_and_skips_hidden_files(sources, tmp_path):
+    out = ["--out", str(tmp_path / "out")]
+    for option in (["--val-fraction", "0"], ["--max-bytes", "0"], ["--workers", "0"]):
+        with pytest.raises(SystemExit, match=f"{option[0]} must be"):
+            main([str(sources), *out, *option])
+    bad = tmp_path / "mine.json"
+    bad.write_text("{}")
+    with pytest.raises(SystemExit, match=f"{bad} is not a tokenizer.json"):
+        main([str(sources), *out, "--tokenizer", str(bad)])
+    assert not (tmp_path / "out").exists()
+    folder = tmp_path / "repo"
+    (folder / ".git").mkdir(parents=True)
+    (folder / ".git" / "notes.txt").write_text("not a source")
+    (folder / "a.txt").write_text("a source")
+    assert find_sources([str(folder)]) == [folder / "a.txt"]

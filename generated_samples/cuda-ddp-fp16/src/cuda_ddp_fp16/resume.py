@@ -9,6 +9,7 @@ interrupted run would have drawn.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Iterator
 from typing import Any
@@ -122,6 +123,12 @@ def check_resumable(checkpoint: Checkpoint, config: Config, world_size: int) -> 
     saved = checkpoint.state["config"]
     keys = RESUME_INVARIANTS + config.task_resume_keys
     changed = [key for key in keys if saved.get(key) != getattr(config, key)]
+    derived = [key for key in changed if key not in {f.name for f in dataclasses.fields(config)}]
+    if derived:  # not settings one can pass back: values the task derives from its data
+        raise ValueError(
+            f"cannot resume: the data changed since the checkpoint ({', '.join(derived)}); "
+            "put it back as it was, or pass run_dir=NEW to start another run"
+        )
     if changed:
         was = ", ".join(f"{key}={saved[key]}" for key in changed)
         raise ValueError(

@@ -126,7 +126,8 @@ class Codec:
     `eot`, else the first of KNOWN_EOT it has.
 
     Raises:
-        ValueError: the tokenizer.json has no such end-of-text token (name it with --eot).
+        ValueError: not a tokenizer.json, or it has no such end-of-text token (name it with
+            --eot).
     """
 
     def __init__(
@@ -138,7 +139,10 @@ class Codec:
             return
         from tokenizers import Tokenizer  # only where a tokenizer is used
 
-        self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        try:
+            self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        except Exception as error:  # tokenizers raises a bare Exception for a bad file
+            raise ValueError(f"{tokenizer_file} is not a tokenizer.json ({error})") from None
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         if eot_id is not None:
             self.eot_id = eot_id
@@ -169,7 +173,7 @@ class Codec:
     def decode(self, ids: list[int]) -> str:
         """The text of token ids; an end-of-text id becomes a blank line."""
         if self.tokenizer is None:
-            pieces = [b"\n\n" if i == self.eot_id else bytes([i]) for i in ids]
+            pieces = [b"\n\n" if i == self.eot_id else bytes([i]) for i in ids if i <= 256]
             return b"".join(pieces).decode("utf-8", errors="replace")
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 

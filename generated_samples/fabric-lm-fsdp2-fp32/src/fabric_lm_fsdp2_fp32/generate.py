@@ -61,17 +61,30 @@ def load_trained(run_dir: Path, weights: str, device: torch.device) -> tuple[nn.
     """The model a run trained, with its `weights` file, and the run's config.
 
     Raises:
-        ValueError: `run_dir` holds no config.json or no such weights file.
+        ValueError: `run_dir` holds no config.json or no such weights file, its corpus was
+            prepared again since, or the weights do not fit the model as built now.
     """
     config_file, weights_file = run_dir / "config.json", run_dir / weights
-    for path in (config_file, weights_file):
-        if not path.is_file():
-            raise ValueError(f"{path} not found; train first, or name the run with --run-dir")
+    if not config_file.is_file():
+        raise ValueError(f"{config_file} not found; train first, or name the run with --run-dir")
+    if not weights_file.is_file():
+        others = sorted(path.name for path in run_dir.glob("*.safetensors"))
+        hint = f"--weights {others[0]}" if others else "train first"
+        raise ValueError(f"{weights_file} not found; {hint}")
     saved = json.loads(config_file.read_text(encoding="utf-8"))
     fields = {field.name for field in dataclasses.fields(Config)}
     config = dataclasses.replace(load_config(), **{k: v for k, v in saved.items() if k in fields})
+    if saved.get("data_fingerprint", config.data_fingerprint) != config.data_fingerprint:
+        raise ValueError(
+            f"{config.data_dir} was prepared again since {run_dir} trained on it: its "
+            "tokenizer may not be the run's; prepare it as it was"
+        )
     model = build_model(config)
-    model.load_state_dict(load_file(weights_file))
+    try:
+        model.load_state_dict(load_file(weights_file))
+    except RuntimeError as error:  # shapes that differ: NUM_CLASSES or model.py changed since
+        first = str(error).splitlines()[-1].strip()
+        raise ValueError(f"{weights_file} does not fit model.py as it is now ({first})") from None
     return model.to(device), config
 
 

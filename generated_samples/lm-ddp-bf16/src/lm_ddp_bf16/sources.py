@@ -9,13 +9,14 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-TEXT_SUFFIXES = {".txt", ".md", ".rst", ".py", ".text", ""}
+TEXT_SUFFIXES = {".txt", ".md", ".rst", ".py", ".text"}
 DATA_SUFFIXES = {".jsonl", ".parquet"}
 DOCUMENT_BYTES = 1 << 20  # a text file is cut into documents of at most this, at line breaks
 
 
 def find_sources(patterns: list[str]) -> list[Path]:
-    """The source files SOURCES name, each once, in sorted order within each pattern.
+    """The source files SOURCES name, each once, in sorted order within each pattern; a
+    folder's hidden files and folders (`.git/`...) are left out.
 
     Raises:
         ValueError: a pattern that names nothing, a file of an unknown kind, or no source
@@ -25,7 +26,11 @@ def find_sources(patterns: list[str]) -> list[Path]:
     for pattern in patterns:
         path = Path(pattern)
         if path.is_dir():
-            matches = sorted(p for p in path.rglob("*") if p.is_file() and readable_kind(p))
+            matches = sorted(
+                p
+                for p in path.rglob("*")
+                if p.is_file() and readable_kind(p) and not hidden(p.relative_to(path))
+            )
         else:
             matches = [Path(p) for p in sorted(glob.glob(pattern, recursive=True))]
             matches = [p for p in matches if p.is_file()]
@@ -41,6 +46,11 @@ def find_sources(patterns: list[str]) -> list[Path]:
     if not any(source.stat().st_size for source in sources):
         raise ValueError(f"the sources ({len(sources)} file(s)) are empty; name files with text")
     return sources
+
+
+def hidden(path: Path) -> bool:
+    """True for a path with a part that starts with a dot (`.git/`, `.cache/`, `.env`)."""
+    return any(part.startswith(".") for part in path.parts)
 
 
 def readable_kind(path: Path) -> bool:

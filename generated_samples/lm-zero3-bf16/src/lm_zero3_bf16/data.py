@@ -14,6 +14,7 @@ rest of the project needs from it (`train.py` imports nothing else from here):
 
 from __future__ import annotations
 
+import sys
 import sysconfig
 import warnings
 from pathlib import Path
@@ -47,6 +48,7 @@ def prepare_example(config: Config) -> None:
         return  # a corpus, or the user's own files: read_manifest says which
     root = Path(sysconfig.get_paths()["stdlib"])
     sources = [str(path) for path in stdlib_sources()]
+    print(f"preparing the example corpus (the stdlib's source) in {data_dir}", file=sys.stderr)
     prepare(
         sources or [str(root)],
         data_dir,

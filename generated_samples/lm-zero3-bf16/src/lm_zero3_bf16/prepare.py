@@ -24,6 +24,7 @@ import hashlib
 import math
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -140,6 +141,7 @@ WORKER: dict[str, Any] = {}  # each worker process's Codec and Settings (`start_
 def start_worker(settings: Settings, parallel_tokenizer: bool) -> None:
     """Load the tokenizer once per process; with several workers, the tokenizer's own
     threads would only compete with them for the cores."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     if not parallel_tokenizer:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
     WORKER["codec"] = Codec(settings.tokenizer_file, settings.eot)
@@ -211,10 +213,12 @@ def prepare(
     """
     if not 0 < val_fraction < 1:
         raise ValueError(f"--val-fraction must be in (0, 1), got {val_fraction}")
-    if tokenizer not in ("bytes", "bpe") and not Path(tokenizer).is_file():
-        raise ValueError(
-            f"tokenizer {tokenizer!r} is not bytes, bpe or a tokenizer.json file; name one of them"
-        )
+    if max_bytes is not None and max_bytes < 1:
+        raise ValueError(f"--max-bytes must be at least 1, got {max_bytes}")
+    if tokenizer not in ("bytes", "bpe"):
+        if not Path(tokenizer).is_file():
+            raise ValueError(f"tokenizer {tokenizer}: no such file; name bytes, bpe or a file")
+        Codec(Path(tokenizer), eot)  # its errors name the user's file, not our copy
     sources = find_sources(patterns)
     budgets = read_budgets(sources, max_bytes)
     request = {
@@ -236,9 +240,14 @@ def prepare(
     }
     existing = up_to_date(out, request)
     if existing is not None:
+        if progress:
+            print(f"{out} is up to date with its sources and settings", file=sys.stderr)
         return existing
     out.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    scratch.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the corpus from other users
     try:
         manifest = write_corpus(sources, budgets, scratch, request, workers, progress)
         replace_folder(scratch, out)
@@ -296,11 +305,11 @@ def write_corpus(sources, budgets, scratch: Path, request, workers, progress) ->
     )
     jobs = make_jobs(budgets, workers or os.cpu_count() or 1)
     totals = run_jobs(jobs, settings, workers or os.cpu_count() or 1, progress)
-    if not totals["train_documents"] or not totals["val_documents"]:
+    held_out, documents = totals.get("val_documents", 0), totals.get("train_documents", 0)
+    if not held_out or not documents:
         raise ValueError(
-            f"the sources hold {totals['train_documents'] + totals['val_documents']} "
-            "document(s), too few to hold some out for validation; add text or raise "
-            "--val-fraction"
+            f"the sources hold {held_out + documents} document(s), too few to hold some out "
+            "for validation; add text, or cut text files into more documents (--document-bytes)"
         )
     shards = {
         split: write_shards(scratch, len(jobs), split, dtype, request["shard_tokens"])
@@ -449,28 +458,48 @@ def main(argv: list[str] | None = None) -> Manifest:
     with user_errors():
         config = load_config(args.config, [])
         out = Path(args.out or config.data_dir)
+        counts = {"--workers": args.workers, "--max-bytes": args.max_bytes}
+        counts |= {"--document-bytes": args.document_bytes, "--shard-tokens": args.shard_tokens}
+        counts |= {"--vocab-size": args.vocab_size}
+        counts["--tokenizer-sample-bytes"] = args.tokenizer_sample_bytes
+        for option, value in counts.items():
+            if value is not None and value < 1:
+                raise ValueError(f"{option} must be at least 1, got {value}")
+        val_fraction = config.val_fraction if args.val_fraction is None else args.val_fraction
         started = time.perf_counter()
-        manifest = prepare(
-            args.sources,
-            out,
-            tokenizer=args.tokenizer or config.tokenizer,
-            vocab_size=args.vocab_size,
-            text_key=args.text_key,
-            val_fraction=args.val_fraction or config.val_fraction,
-            document_bytes=args.document_bytes,
-            max_bytes=args.max_bytes,
-            workers=args.workers,
-            shard_tokens=args.shard_tokens,
-            eot=args.eot,
-            tokenizer_sample_bytes=args.tokenizer_sample_bytes,
-            progress=sys.stderr.isatty(),
-        )
+        try:
+            manifest = prepare(
+                args.sources,
+                out,
+                tokenizer=args.tokenizer or config.tokenizer,
+                vocab_size=args.vocab_size,
+                text_key=args.text_key,
+                val_fraction=val_fraction,
+                document_bytes=args.document_bytes,
+                max_bytes=args.max_bytes,
+                workers=args.workers,
+                shard_tokens=args.shard_tokens,
+                eot=args.eot,
+                tokenizer_sample_bytes=args.tokenizer_sample_bytes,
+                progress=sys.stderr.isatty(),
+            )
+        except KeyboardInterrupt:
+            raise SystemExit(f"interrupted: {out} is as it was before") from None
     seconds = time.perf_counter() - started
     train, val = (manifest.tokens(split) for split in SPLITS)
+    share = val / (train + val)
     print(
-        f"{out}: {train:,} train and {val:,} validation tokens ({manifest.tokenizer} tokenizer, "
-        f"vocabulary {manifest.vocab_size:,}, {manifest.dtype}) in {seconds:.1f} s"
+        f"{out}: {train:,} train and {val:,} validation tokens ({share:.1%}; "
+        f"{manifest.documents['val']} of {sum(manifest.documents.values())} documents), "
+        f"{manifest.tokenizer} tokenizer, {manifest.dtype}, in {seconds:.1f} s"
     )
+    from .data import NUM_CLASSES  # here: data.py imports this module
+
+    if manifest.vocab_size != NUM_CLASSES:
+        print(
+            f"the vocabulary has {manifest.vocab_size} tokens and the model {NUM_CLASSES}: "
+            f"set NUM_CLASSES = {manifest.vocab_size} in data.py to train on it"
+        )
     return manifest
 
 
