@@ -54,6 +54,7 @@ def command(sample: str, run_dir: Path, resume: bool) -> list[str]:
     package = sample.replace("-", "_")
     settings = [*SETTINGS[sample], *COMMON, f"run_dir={run_dir}"]
     if sample == "lm-fsdp2-bf16":
+        settings.append(f"data_dir={run_dir.parent / 'corpus'}")  # not in the sample's folder
         launch = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
         launch += ["--nproc-per-node=2", "-m", f"{package}.train"]
     else:
