@@ -458,11 +458,10 @@ def main(argv: list[str] | None = None) -> Manifest:
     with user_errors():
         config = load_config(args.config, [])
         out = Path(args.out or config.data_dir)
-        counts = {"--workers": args.workers, "--max-bytes": args.max_bytes}
-        counts |= {"--document-bytes": args.document_bytes, "--shard-tokens": args.shard_tokens}
-        counts |= {"--vocab-size": args.vocab_size}
-        counts["--tokenizer-sample-bytes"] = args.tokenizer_sample_bytes
-        for option, value in counts.items():
+        counts = ("workers", "document_bytes", "shard_tokens", "vocab_size")
+        counts += ("tokenizer_sample_bytes",)
+        for option, value in ((name, getattr(args, name)) for name in counts):
+            option = "--" + option.replace("_", "-")  # --max-bytes: prepare() checks it
             if value is not None and value < 1:
                 raise ValueError(f"{option} must be at least 1, got {value}")
         val_fraction = config.val_fraction if args.val_fraction is None else args.val_fraction
