@@ -13,6 +13,7 @@ batch of the model's recipe (`recipe_for`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -45,13 +46,16 @@ MODEL_STATE_BYTES = 16  # per parameter with AdamW: fp32 weights, gradients, two
 
 @dataclass(frozen=True)
 class Setting:
-    """One value the plan writes into configs/train.toml, and where it came from."""
+    """One value the plan writes into configs/train.toml (the vocabulary: data.py's
+    NUM_CLASSES), and where it came from."""
 
-    value: int | float | bool
+    value: int | float | bool | str
     source: str
 
     def as_toml(self) -> str:
-        """The value as a TOML literal (`2e-3`, `true`, `300_000`)."""
+        """The value as a TOML literal (`2e-3`, `true`, `300_000`, `"bpe"`)."""
+        if isinstance(self.value, str):
+            return json.dumps(self.value)
         if isinstance(self.value, bool):
             return "true" if self.value else "false"
         if isinstance(self.value, float):
@@ -214,7 +218,7 @@ def plan(answers: Answers) -> Plan:
             "it trains"
         )
     recipe = hardware_recipe(answers)
-    shape = model_shape(answers.task, answers.model_params, recipe.block_size)
+    shape = model_shape(answers.task, answers.model_params, recipe)
     strategy, fit, fit_warnings = _choose_strategy(answers, precision.value, shape, recipe)
     if (
         precision.source == "auto"
@@ -373,7 +377,7 @@ def _framework_renders(values: Mapping[str, Any]) -> None:
 def _fits_somewhere(values: Mapping[str, Any]) -> None:
     answers = partial_answers(values)
     recipe = hardware_recipe(answers)
-    _check_capacity(answers, model_shape(answers.task, answers.model_params, recipe.block_size))
+    _check_capacity(answers, model_shape(answers.task, answers.model_params, recipe))
 
 
 RULES: tuple[tuple[tuple[str, ...], Callable[[Mapping[str, Any]], None]], ...] = (
@@ -404,12 +408,12 @@ def partial_answers(values: Mapping[str, Any]) -> Answers:
 # --- sizes, memory and recipes ---
 
 
-def model_shape(task: str, params: int, block_size: int) -> ModelShape:
+def model_shape(task: str, params: int, recipe: Recipe) -> ModelShape:
     """The example model of `task` that `model_size` renders (for the language model, at the
-    recipe's context)."""
+    recipe's context and vocabulary)."""
     if task == "image-classification":
         return cnn_for(params)
-    return decoder_for(params, block_size)
+    return decoder_for(params, recipe.block_size, recipe.vocab_size)
 
 
 def hardware_recipe(answers: Answers) -> Recipe:
@@ -632,6 +636,9 @@ def _settings(answers: Answers, recipe: Recipe, chosen: Fit) -> dict[str, Settin
             else "all of the stdlib's source; prepare a corpus this model deserves into data_dir"
         )
         settings["corpus_bytes"] = Setting(recipe.corpus_bytes, corpus)
+        tokenizer, vocabulary = _tokenizer_sources(recipe)
+        settings["tokenizer"] = Setting(recipe.tokenizer, recipe.note("tokenizer", tokenizer))
+        settings["vocab_size"] = Setting(recipe.vocab_size, vocabulary)
     peak = f"~{gib(chosen.estimate.peak)} of {gib(usable)} GiB usable per device"
     if not usable:
         micro = f"the whole {per_process} {unit} per process (memory not given: not checked)"
@@ -656,6 +663,20 @@ def _settings(answers: Answers, recipe: Recipe, chosen: Fit) -> dict[str, Settin
         checkpointing = "off: the plan fits without recomputing activations"
     settings["activation_checkpointing"] = Setting(chosen.checkpointing, checkpointing)
     return settings
+
+
+def _tokenizer_sources(recipe: Recipe) -> tuple[str, str]:
+    """Where the recipe's tokenizer and vocabulary size come from, in words."""
+    if recipe.tokenizer == "bytes":
+        return (
+            "the example's byte tokens: a decoder this small spends its parameters on blocks",
+            "the byte tokenizer's 256 byte values and end-of-text",
+        )
+    return (
+        f"a byte-level BPE trained on the corpus by prepare, as {recipe.name}'s was "
+        "(GPT-2's tokenizer, Radford et al. 2019)",
+        "GPT-2's 50,257 tokens padded to a multiple of 64, as nanoGPT pads them",
+    )
 
 
 def _warmup(recipe: Recipe, sequences_per_step: int) -> Setting:

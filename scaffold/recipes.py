@@ -10,12 +10,16 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from scaffold.shapes import BYTE_VOCAB
+
 
 @dataclass(frozen=True)
 class Recipe:
     """How a model of some size is trained: the batch per optimizer step (`sequences` samples,
     per process or for the whole run), the peak learning rate and warmup, and for the language
-    model its context and corpus. `name` and `citation` say where the values come from;
+    model its context, corpus and tokenizer (`tokenizer`: 'bytes' or 'bpe', prepare.py's; and
+    `vocab_size`, the model's vocabulary in tokens). `name` and `citation` say where the values
+    come from;
     `warmup_tokens`, the warmup where the source gives it in tokens (kept when the batch
     changes); `notes`, for a setting that departs from the source's value, why."""
 
@@ -27,6 +31,8 @@ class Recipe:
     warmup_steps: int
     block_size: int = 0
     corpus_bytes: int = 0
+    tokenizer: str = ""
+    vocab_size: int = 0
     warmup_tokens: int = 0
     notes: tuple[tuple[str, str], ...] = ()
 
@@ -43,6 +49,11 @@ class Recipe:
         return f"{self.name}'s {tokens:g}M tokens ({self.citation})"
 
 
+# The large language models' vocabulary (the small ones keep BYTE_VOCAB): GPT-2's byte-level
+# BPE of 50,257 tokens (Radford et al. 2019, §2.2) padded to 50,304, a multiple of 64, as
+# nanoGPT pads it: the embedding and head then have tensor-core-friendly shapes.
+BPE_VOCAB = 50_304
+
 # The examples' own settings, tuned on their data at 100K-1M parameters.
 DIGITS_RECIPE = Recipe("the example", "tuned for the digits CNN", 64, True, 2e-3, 40)
 SMALL_LM_RECIPE = Recipe(
@@ -54,6 +65,8 @@ SMALL_LM_RECIPE = Recipe(
     50,
     block_size=64,
     corpus_bytes=300_000,
+    tokenizer="bytes",
+    vocab_size=BYTE_VOCAB,
 )
 # GPT-3's models (Brown et al. 2020, "Language Models are Few-Shot Learners", Table 2.1):
 # parameters, name, batch in sequences of 2048 tokens (0.5M tokens = 256 x 2048), peak LR.
@@ -78,7 +91,9 @@ def recipe_for(task: str, params: int) -> Recipe:
 
     The digits CNN keeps its example's recipe. The decoder takes the GPT-3 row nearest its size
     in log scale (Brown et al. 2020, Table 2.1: context 2048, batch, peak LR; warmup over 375M
-    tokens) or, nearer the example's 100K-1M than GPT-3 Small's 125M, the example's own.
+    tokens) with a byte-level BPE of GPT-2's vocabulary (BPE_VOCAB), trained on the corpus at
+    prepare time, or, nearer the example's 100K-1M than GPT-3 Small's 125M, the example's own
+    (byte tokens).
     """
     if task == "image-classification":
         return DIGITS_RECIPE
@@ -94,6 +109,8 @@ def recipe_for(task: str, params: int) -> Recipe:
         math.ceil(GPT3_WARMUP_TOKENS / (sequences * GPT3_CONTEXT)),
         block_size=GPT3_CONTEXT,
         corpus_bytes=STDLIB_CORPUS_BYTES,
+        tokenizer="bpe",
+        vocab_size=BPE_VOCAB,
         warmup_tokens=GPT3_WARMUP_TOKENS,
     )
 
@@ -107,7 +124,8 @@ def for_hardware(recipe: Recipe, hardware: str, params: int) -> Recipe:
     GPT-3's context 2048 and 0.5M-3.2M-token batches (Table 2.1) are for GPU clusters: one
     optimizer step of GPT-3 Small's batch costs 6 x parameters x tokens FLOPs (Kaplan et al.
     2020, §2.1), 9e13 at 30M parameters, minutes on a CPU. On CPU and MPS the language model
-    keeps the example's own context, batch, warmup and corpus; the peak LR is the GPT-3 row's,
+    keeps the example's own context, batch, warmup, corpus and byte tokens (a 50K-token
+    embedding and head would be most of a model a CPU trains); the peak LR is the GPT-3 row's,
     below the example's 2e-3 (tuned at 100K-1M parameters), since Table 2.1 lowers it as models
     grow. Not scaled by the batch ratio: at another context the problem itself changes, which
     no batch-scaling rule covers. Elsewhere `recipe` is returned as it is.
@@ -128,7 +146,12 @@ def for_hardware(recipe: Recipe, hardware: str, params: int) -> Recipe:
         f"{recipe.name}'s peak learning rate ({recipe.citation}), not the example's "
         f"{_number(example.lr)}, tuned at 100K-1M parameters"
     )
-    return dataclasses.replace(example, lr=recipe.lr, notes=(("block_size", trade), ("lr", lr)))
+    vocabulary = (
+        f"the example's byte tokens, not {recipe.name}'s BPE of {recipe.vocab_size:,}: its "
+        "embedding and head would be most of a model a CPU trains"
+    )
+    notes = (("block_size", trade), ("lr", lr), ("tokenizer", vocabulary))
+    return dataclasses.replace(example, lr=recipe.lr, notes=notes)
 
 
 # At most this many micro-batches per optimizer step. More accumulation adds no throughput (the

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-VOCAB = 257  # the example decoder's vocabulary: 256 bytes and end-of-text (data.py's NUM_CLASSES)
+BYTE_VOCAB = 257  # the byte tokenizer's vocabulary: 256 bytes and end-of-text
 IMAGE_PIXELS = 8 * 8  # the digits: one channel of 8x8 pixels (data.py's IMAGE_SHAPE)
 IMAGE_CLASSES = 10
 
@@ -20,8 +20,8 @@ IMAGE_CLASSES = 10
 @dataclass(frozen=True)
 class PublishedDecoder:
     """A published decoder's shape: `depth` blocks of `width` channels in `heads` heads, and the
-    nominal parameter count `size` it is known by; `counts` says what that count includes that
-    this byte-level example does not have."""
+    nominal parameter count `size` it is known by; `counts` says what its embedding is (this
+    example's depends on its own vocabulary)."""
 
     name: str
     size: int
@@ -113,14 +113,15 @@ class Activations:
 
 @dataclass(frozen=True)
 class DecoderShape:
-    """The byte-level GPT (`ByteGPT`): `depth` pre-norm blocks of `width` channels in `heads`
-    attention heads over `block_size` tokens; the shard units are the blocks. `row`: the
-    published decoder whose shape it is (`exact`) or whose depth and head size it takes.
+    """The example GPT (`ByteGPT`): `depth` pre-norm blocks of `width` channels in `heads`
+    attention heads over `block_size` tokens of a vocabulary of `vocab` (data.py's NUM_CLASSES);
+    the shard units are the blocks. `row`: the published decoder whose shape it is (`exact`) or
+    whose depth and head size it takes.
 
     Parameters per block: attention qkv 3w^2 + 3w and projection w^2 + w, MLP 4w^2 + 4w and
     4w^2 + w, two LayerNorms 4w: 12w^2 + 13w (the head count splits the channels, it adds no
-    parameters). Outside: token and position embeddings (VOCAB + block_size) x w, the final
-    LayerNorm 2w and the head VOCAB x w (no bias).
+    parameters). Outside: token and position embeddings (vocab + block_size) x w, the final
+    LayerNorm 2w and the head vocab x w (no bias, not tied to the embedding).
     """
 
     width: int
@@ -129,6 +130,7 @@ class DecoderShape:
     heads: int
     row: PublishedDecoder | None = None
     exact: bool = False
+    vocab: int = BYTE_VOCAB
 
     @property
     def unit_params(self) -> tuple[int, ...]:
@@ -139,13 +141,13 @@ class DecoderShape:
     @property
     def root_params(self) -> int:
         """Parameters outside the shard units (what the root of a sharded model holds)."""
-        return (2 * VOCAB + self.block_size + 2) * self.width
+        return (2 * self.vocab + self.block_size + 2) * self.width
 
     @property
     def matmul_params(self) -> tuple[tuple[int, ...], int]:
         """Weights of the matmul layers (per unit, and outside): what autocast casts."""
         w = self.width
-        return (12 * w * w,) * self.depth, VOCAB * w
+        return (12 * w * w,) * self.depth, self.vocab * w
 
     @property
     def params(self) -> int:
@@ -177,8 +179,8 @@ class DecoderShape:
             )
         if self.exact:
             return (
-                f"{head}: {row.name}'s ({row.source}); {self.params:,} parameters with {VOCAB} "
-                f"byte tokens and context {self.block_size} (the published "
+                f"{head}: {row.name}'s ({row.source}); {self.params:,} parameters with "
+                f"{self.vocab:,} tokens and context {self.block_size} (the published "
                 f"{size_label(row.size)} counts {row.counts})"
             )
         return (
@@ -211,10 +213,10 @@ class DecoderShape:
         per_token += w if dropout > 0 else 0
         per_unit = (tokens * per_token,) * self.depth
         unit_input = (tokens * residual_bytes * w,) * self.depth
-        outside = tokens * (16 + (residual_bytes + compute_bytes) * w + 4 * VOCAB)
+        outside = tokens * (16 + (residual_bytes + compute_bytes) * w + 4 * self.vocab)
         # Backward's temporaries: the logits' gradient and log-softmax's own (fp32 each), or
         # in a block the gradients of the MLP's 4w-wide tensors and of the residual stream.
-        transient = tokens * max(8 * VOCAB, (8 * compute_bytes + 2 * 4) * w)
+        transient = tokens * max(8 * self.vocab, (8 * compute_bytes + 2 * 4) * w)
         return Activations(per_unit, unit_input, outside, transient)
 
 
@@ -302,21 +304,22 @@ def decoder_layout(params: int) -> tuple[int, int, PublishedDecoder | None]:
     return row.depth, row.head_dim, row
 
 
-def decoder_for(params: int, block_size: int) -> DecoderShape:
-    """The decoder `build_model` renders for `params`: a published decoder's own shape when
+def decoder_for(params: int, block_size: int, vocab: int = BYTE_VOCAB) -> DecoderShape:
+    """The decoder `build_model` renders for `params` with a vocabulary of `vocab` tokens (its
+    embedding and head count towards `params`): a published decoder's own shape when
     `params` is its nominal size (`published_decoder`); else, at `decoder_layout`'s depth and
     head size, the smallest width (a multiple of the head size, at most DECODER_MAX_WIDTH) that
     reaches `params`; the widest one when none does (see `largest_decoder`)."""
     row = published_decoder(params)
     if row is not None:
-        return DecoderShape(row.width, row.depth, block_size, row.heads, row, exact=True)
+        return DecoderShape(row.width, row.depth, block_size, row.heads, row, True, vocab)
     depth, head_dim, row = decoder_layout(params)
     low, high = 1, DECODER_MAX_WIDTH // head_dim  # in heads
     while low < high:
         middle = (low + high) // 2
-        reached = DecoderShape(head_dim * middle, depth, block_size, middle).params >= params
-        low, high = (low, middle) if reached else (middle + 1, high)
-    return DecoderShape(head_dim * low, depth, block_size, low, row)
+        shape = DecoderShape(head_dim * middle, depth, block_size, middle, vocab=vocab)
+        low, high = (low, middle) if shape.params >= params else (middle + 1, high)
+    return DecoderShape(head_dim * low, depth, block_size, low, row, vocab=vocab)
 
 
 def cnn_for(params: int) -> CNNShape:

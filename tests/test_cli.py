@@ -377,8 +377,9 @@ def test_plan_prints_each_decision_and_the_memory_table_and_writes_nothing(tmp_p
                           cwd=tmp_path, env=env)  # fmt: skip
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("Plan for language-model, model_size=7B: 6,454,657,024 parameters")
+    assert lines[0].startswith("Plan for language-model, model_size=7B: 6,864,642,048 parameters")
     decisions = ["precision=bf16:", "strategy=fsdp2:", "block_size=2048:", "lr=1.2e-4:"]
+    decisions += ['tokenizer="bpe":', "vocab_size=50304:"]
     decisions += ["micro_batch_size=", "grad_accum_steps=", "activation_checkpointing="]
     for decision in decisions:
         assert any(line.strip().startswith(decision) for line in lines), decision

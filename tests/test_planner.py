@@ -29,30 +29,53 @@ def model_state(result) -> int:
 
 def test_7b_bf16_adamw_on_8_x_80_gb_does_not_fit_ddp_and_fits_fsdp2():
     """By hand: 7B renders LLaMA-7B's shape (Touvron et al. 2023, Table 2: 32 blocks of width
-    4096, 32 heads of 128), GPT-3 6.7B's too; at context 2048 it has
-    32 x (12 x 4096^2 + 13 x 4096) + (2 x 257 + 2048 + 2) x 4096 = 6,454,657,024 parameters
+    4096, 32 heads of 128), GPT-3 6.7B's too, and on GPUs GPT-3's recipe with GPT-2's BPE
+    vocabulary padded to 50,304; at context 2048 it has
+    32 x (12 x 4096^2 + 13 x 4096) + (2 x 50,304 + 2048 + 2) x 4096 = 6,864,642,048 parameters
     (the published 6.7B counts a 32,000-token embedding and a SwiGLU MLP); with AdamW each
-    keeps 4 + 4 + 8 = 16 bytes: 96.2 GiB per GPU under DDP, more than the 68 GiB usable of an
-    80 GB GPU (85%); FSDP2 divides it by 8 (12.0 GiB)."""
-    shape = decoder_for(7 * 10**9, 2048)
+    keeps 4 + 4 + 8 = 16 bytes: 102.3 GiB per GPU under DDP, more than the 68 GiB usable of an
+    80 GB GPU (85%); FSDP2 divides it by 8 (12.8 GiB)."""
+    shape = decoder_for(7 * 10**9, 2048, 50_304)
     assert (shape.depth, shape.width, shape.heads) == (32, 4096, 32)
-    assert shape.params == 32 * (12 * 4096**2 + 13 * 4096) + (2 * 257 + 2048 + 2) * 4096
+    assert shape.params == 32 * (12 * 4096**2 + 13 * 4096) + (2 * 50_304 + 2048 + 2) * 4096
     run = {"precision": "bf16", "world_size": 8, "micro_batch": 1, "checkpointing": True}
     ddp = estimate(shape, strategy="ddp", **run)
     fsdp2 = estimate(shape, strategy="fsdp2", **run)
-    assert model_state(ddp) == 16 * 6_454_657_024
-    assert model_state(ddp) / GIB == pytest.approx(96.2, abs=0.05)
-    assert model_state(fsdp2) == 16 * math.ceil(6_454_657_024 / 8)
+    assert model_state(ddp) == 16 * 6_864_642_048
+    assert model_state(ddp) / GIB == pytest.approx(102.3, abs=0.05)
+    assert model_state(fsdp2) == 16 * math.ceil(6_864_642_048 / 8)
     usable = 0.85 * 80 * GIB
     assert ddp.peak > usable > fsdp2.peak
     planned = plan(answers(**H100S, model_size="7B"))
+    assert planned.shape == shape
     assert planned.answers.strategy == "fsdp2"
     assert planned.estimate.peak <= planned.usable == int(usable)
     reason = next(r for r in planned.reasons if r.startswith("strategy="))
-    assert "96.2 GiB" in reason and "68.0 GiB usable" in reason
+    assert "102.3 GiB" in reason and "68.0 GiB usable" in reason
     assert any(
         r.startswith("shape 32 x 4096, 32 heads of 128: LLaMA-7B's") for r in planned.reasons
     )
+
+
+def test_the_vocabulary_is_gpt2s_bpe_on_gpus_and_bytes_for_small_models_and_off_gpus():
+    """The embedding and head count at the planned vocabulary: a 125M decoder on a GPU trains
+    a BPE of 50,304 tokens, which its memory estimate and rendered settings carry; a 1M one,
+    or any size on a CPU, the example's 257 byte tokens."""
+    gpu = {"task": "language-model", "hardware": "cuda", "gpu_arch": "ampere"}
+    gpu |= {"gpu_memory_gb": 24, "host_memory_gb": 64}
+    large = plan(answers(**gpu, model_size="125M"))
+    settings = large.settings
+    assert (settings["tokenizer"].value, settings["vocab_size"].value) == ("bpe", 50_304)
+    assert large.shape.vocab == 50_304 and large.shape.root_params == (2 * 50_304 + 2048 + 2) * 768
+    assert large.copier_data()["plan"]["tokenizer"]["toml"] == '"bpe"'
+    for values in ({**gpu, "model_size": "1M"}, {"task": "language-model", "model_size": "30M"}):
+        small = plan(answers(**values))
+        assert small.settings["tokenizer"].value == "bytes"
+        assert small.shape.vocab == small.settings["vocab_size"].value == 257
+    on_cpu = plan(answers(task="language-model", model_size="30M"))
+    assert "not GPT-3 Small's BPE of 50,304" in on_cpu.settings["tokenizer"].source
+    # the logits over 50,304 tokens dominate a micro-batch's activations at context 2048
+    assert large.shape.activations(1, 4, 2, 0.0).outside > 2048 * 4 * 50_304
 
 
 def test_125m_on_one_24_gb_gpu_trains_on_a_single_device_with_gpt3_smalls_recipe():
@@ -66,10 +89,10 @@ def test_125m_on_one_24_gb_gpu_trains_on_a_single_device_with_gpt3_smalls_recipe
     assert settings["grad_accum_steps"] <= MAX_ACCUMULATION
     assert not settings["activation_checkpointing"]
     # Its shape too: 12 blocks of 768 in 12 heads of 64, 12 x (12 x 768^2 + 13 x 768) +
-    # (2 x 257 + 2048 + 2) x 768 = 87,023,616 parameters with 257 tokens (bytes, end-of-text).
+    # (2 x 50,304 + 2048 + 2) x 768 = 163,895,808 parameters with GPT-2's padded BPE.
     assert (planned.shape.depth, planned.shape.width, planned.shape.heads) == (12, 768, 12)
     shape_line = next(r for r in planned.reasons if r.startswith("shape "))
-    assert "GPT-3 Small's (Brown et al. 2020, Table 2.1); 87,023,616 parameters" in shape_line
+    assert "GPT-3 Small's (Brown et al. 2020, Table 2.1); 163,895,808 parameters" in shape_line
     assert "the published 125M counts a 50,257-token embedding" in shape_line
 
 
@@ -85,17 +108,17 @@ def test_the_micro_batch_is_the_largest_divisor_of_the_batch_that_fits():
 
 
 def test_activation_checkpointing_only_when_nothing_fits_without_it():
-    """1.3B (GPT-3 XL's 24 x 2048) on one 22 GiB GPU: micro-batch 1 does not fit without
-    checkpointing, and does with it; at 24 GiB micro-batch 1 fits without it, so it stays off,
-    and at 32 GiB micro-batch 2 does."""
+    """1.3B (GPT-3 XL's 24 x 2048, 50,304 tokens) on one 27 GiB GPU: micro-batch 1 does not fit
+    without checkpointing, and does with it; at 28 GiB micro-batch 1 fits without it, so it
+    stays off, and at 34 GiB micro-batch 2 does."""
     one_gpu = {"task": "language-model", "model_size": "1.3B", "hardware": "cuda"}
     one_gpu |= {"gpu_arch": "ampere", "host_memory_gb": 512}
-    tight = plan(answers(**one_gpu, gpu_memory_gb=22))
+    tight = plan(answers(**one_gpu, gpu_memory_gb=27))
     run = {"strategy": "single", "precision": "bf16", "world_size": 1, "micro_batch": 1}
     assert estimate(tight.shape, checkpointing=False, **run).peak > tight.usable
     assert estimate(tight.shape, checkpointing=True, **run).peak <= tight.usable
     assert tight.settings["activation_checkpointing"].value is True
-    for memory, micro_batch in ((24, 1), (32, 2)):
+    for memory, micro_batch in ((28, 1), (34, 2)):
         roomy = plan(answers(**one_gpu, gpu_memory_gb=memory))
         assert roomy.settings["activation_checkpointing"].value is False
         assert roomy.settings["micro_batch_size"].value == micro_batch
@@ -151,13 +174,14 @@ def test_a_1b_model_on_one_24_gb_gpu_accumulates_at_most_the_cap_and_scales_the_
 
 
 def test_a_capped_batch_over_several_gpus_keeps_micro_x_accumulation_x_processes():
-    """7B on 2 x 24 GB with offload: micro-batch 4 of GPT-3 6.7B's 1024 sequences would take
-    128 micro-batches per process; capped: 4 x 32 x 2 = 256 sequences, LR 1.2e-4 x sqrt(1/4)."""
+    """7B on 2 x 24 GB with offload: micro-batch 2 of GPT-3 6.7B's 1024 sequences would take
+    256 micro-batches per process; capped: 2 x 32 x 2 = 128 sequences, LR 1.2e-4 x sqrt(1/8)
+    = 4.2e-5 (two significant digits)."""
     planned = plan(answers(**{**H100S, "gpus_per_node": 2, "gpu_memory_gb": 24}, model_size="7B"))
     settings = {key: setting.value for key, setting in planned.settings.items()}
-    assert (settings["micro_batch_size"], settings["grad_accum_steps"]) == (4, 32)
-    assert "4 x 32 x 2 process(es) = 256 sequences" in planned.settings["grad_accum_steps"].source
-    assert settings["lr"] == 6e-5
+    assert (settings["micro_batch_size"], settings["grad_accum_steps"]) == (2, 32)
+    assert "2 x 32 x 2 process(es) = 128 sequences" in planned.settings["grad_accum_steps"].source
+    assert settings["lr"] == 4.2e-5
 
 
 @pytest.mark.parametrize("hardware", ["cpu", "mps"])

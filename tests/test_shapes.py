@@ -65,8 +65,8 @@ SIZES += PUBLISHED + [geometric_mean(a, b) for a, b in itertools.pairwise(PUBLIS
 
 
 @pytest.mark.parametrize("params", sorted(SIZES))
-@pytest.mark.parametrize("block_size", [32, 2048])
-def test_the_decoder_shape_is_the_rendered_models(params, block_size, monkeypatch):
+@pytest.mark.parametrize(("block_size", "vocab"), [(32, 257), (2048, 257), (2048, 50_304)])
+def test_the_decoder_shape_is_the_rendered_models(params, block_size, vocab, monkeypatch):
     import torch
 
     # Everything here is built on the meta device, where filling a tensor stores nothing but
@@ -76,7 +76,8 @@ def test_the_decoder_shape_is_the_rendered_models(params, block_size, monkeypatc
         if name.endswith("_") and not name.startswith("_"):
             monkeypatch.setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
     model_py = lm_model()
-    shape = decoder_for(params, block_size)
+    monkeypatch.setattr(model_py, "NUM_CLASSES", vocab)  # data.py's, as the planner renders it
+    shape = decoder_for(params, block_size, vocab)
     assert model_py.shape_for(params, block_size) == (shape.depth, shape.width, shape.heads)
     with torch.device("meta"):
         model = model_py.ByteGPT(shape.width, shape.depth, shape.heads, block_size)

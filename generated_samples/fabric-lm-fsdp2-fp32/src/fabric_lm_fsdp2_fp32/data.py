@@ -23,7 +23,10 @@ from .config import Config, parse_param_count
 from .corpus import TokenWindows, read_manifest
 from .prepare import prepare
 
-NUM_CLASSES = 257  # the vocabulary: 256 byte values and end-of-text (tokenizer = "bytes")
+# The model's vocabulary in tokens: at least the prepared corpus's (its tokenizer's); a padded
+# one is fine (the extra tokens are never a target).
+# plan: the byte tokenizer's 256 byte values and end-of-text
+NUM_CLASSES = 257
 # The example cuts the stdlib's files into documents of at most 4 KiB at line breaks: enough
 # documents in a small corpus for validation to be `val_fraction` of them.
 EXAMPLE_DOCUMENT_BYTES = 4096
@@ -40,7 +43,7 @@ def stdlib_sources() -> list[Path]:
 def prepare_example(config: Config) -> None:
     """Prepare the example's corpus in `data_dir` when it holds none and is empty or absent:
     the first `corpus_bytes` of the standard library's source, with the config's tokenizer
-    (a trained BPE: of NUM_CLASSES tokens).
+    (`bpe`: one of NUM_CLASSES tokens trained on it).
     Every process of a first run may do it at once; each writes its own temporary folder and
     the same corpus lands in `data_dir` (prepare.replace_folder)."""
     data_dir = Path(config.data_dir)

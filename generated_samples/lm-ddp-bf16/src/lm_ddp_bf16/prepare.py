@@ -441,7 +441,9 @@ def main(argv: list[str] | None = None) -> Manifest:
     parser.add_argument("--config", default="configs/train.toml", help="defaults of the options")
     parser.add_argument("--out", help="the corpus folder (default: the config's data_dir)")
     parser.add_argument("--tokenizer", help="bytes, bpe or a tokenizer.json (default: config's)")
-    parser.add_argument("--vocab-size", type=int, default=8192, help="tokens of a trained bpe")
+    parser.add_argument(
+        "--vocab-size", type=int, help="tokens of a trained bpe (default: the model's, or 8192)"
+    )
     parser.add_argument("--text-key", default="text", help="the text field of jsonl and parquet")
     parser.add_argument("--val-fraction", type=float, help="documents held out (config's)")
     parser.add_argument("--max-bytes", type=int, help="read at most this many source bytes")
@@ -455,6 +457,10 @@ def main(argv: list[str] | None = None) -> Manifest:
         "--tokenizer-sample-bytes", type=int, default=1 << 27, help="text a bpe is trained on"
     )
     args = parser.parse_args(argv)
+    from .data import NUM_CLASSES  # here: data.py imports this module
+
+    # The model's vocabulary where it is a BPE's; a byte-level model's 257 is no BPE to train.
+    vocab_size = args.vocab_size or (NUM_CLASSES if NUM_CLASSES > 257 else 8192)
     with user_errors():
         config = load_config(args.config, [])
         out = Path(args.out or config.data_dir)
@@ -471,7 +477,7 @@ def main(argv: list[str] | None = None) -> Manifest:
                 args.sources,
                 out,
                 tokenizer=args.tokenizer or config.tokenizer,
-                vocab_size=args.vocab_size,
+                vocab_size=vocab_size,
                 text_key=args.text_key,
                 val_fraction=val_fraction,
                 document_bytes=args.document_bytes,
@@ -492,12 +498,15 @@ def main(argv: list[str] | None = None) -> Manifest:
         f"{manifest.documents['val']} of {sum(manifest.documents.values())} documents), "
         f"{manifest.tokenizer} tokenizer, {manifest.dtype}, in {seconds:.1f} s"
     )
-    from .data import NUM_CLASSES  # here: data.py imports this module
-
-    if manifest.vocab_size != NUM_CLASSES:
+    if manifest.vocab_size > NUM_CLASSES:
         print(
             f"the vocabulary has {manifest.vocab_size} tokens and the model {NUM_CLASSES}: "
             f"set NUM_CLASSES = {manifest.vocab_size} in data.py to train on it"
+        )
+    elif manifest.vocab_size < NUM_CLASSES:
+        print(
+            f"the vocabulary has {manifest.vocab_size} tokens and the model {NUM_CLASSES}: it "
+            "trains as it is, the model's extra tokens padding that is never a target"
         )
     return manifest
 
