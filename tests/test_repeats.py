@@ -197,8 +197,12 @@ def test_a_test_that_starts_a_process_depends_on_every_file_of_src(sample_footpr
         names_of(project).normalize(path.relative_to(project).as_posix())
         for path in (project / "src").rglob("*.py")
     }
-    untouched = sorted(src_files - set(launching.reached_modules))[0]
-    in_process = next(f for f in found.values() if not f.depends_on(untouched))
+    untouched, in_process = next(
+        (module, f)
+        for module in sorted(src_files - set(launching.reached_modules))
+        for f in found.values()
+        if not f.depends_on(module)
+    )
     append_comment(project, untouched)
     edited = footprints(project)
     assert edited[launching.node_id].key != launching.key, untouched

@@ -22,6 +22,7 @@ from .checkpointer import Checkpointer
 from .config import Config, parse_command_line, user_errors
 from .data import build_datasets
 from .engine import Engine
+from .host_memory import keep_freed_memory
 from .loader import make_eval_loader, make_train_loader
 from .optim import build_optimizer, build_scheduler
 from .profiling import ProfileWindow
@@ -64,6 +65,8 @@ class Trainer:
     """Builds every component of a run from a Config; `fit` trains, validates and checkpoints."""
 
     def __init__(self, config: Config, runtime: Runtime, resume: bool = False):
+        if runtime.device.type == "cpu":  # activations in host memory: keep them mapped
+            keep_freed_memory()
         seed_everything(config.seed)  # the same split and first shuffle on every rank
         self.config, self.runtime = config, runtime
         train_set, val_set = build_datasets(config)
