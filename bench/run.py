@@ -33,7 +33,11 @@ PROJECTS = {  # variant -> epochs per loop run (~150 timed steps each)
     "cpu-single-fp32": 8,
     "lm-cpu-single-fp32": 2,
 }
-LOOPS = ("bare", "rendered", "lightning", "lightning-logged", "fabric", "accelerate")
+LOOPS = ("bare", "bare+host_memory", "rendered", "lightning", "lightning-logged", "fabric")
+LOOPS += ("accelerate",)
+# The bare loop with glibc's thresholds as the rendered project's host_memory.py sets them: how
+# much of the rendered loop's lead is its allocator setting, which any loop could take.
+HOST_MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(2**30)}
 MARKERS = ("<!-- results: start -->", "<!-- results: end -->")
 
 
@@ -44,10 +48,11 @@ def quiet_env(project: Path) -> dict[str, str]:
 
 def time_loop(project: Path, loop: str, epochs: int) -> float:
     """Steps/s of one fresh-process run of `loop` (bench/loops.py) on `project`."""
+    env = quiet_env(project)
+    if loop == "bare+host_memory":
+        loop, env = "bare", env | HOST_MEMORY_ENV
     command = [sys.executable, str(BENCH / "loops.py"), str(project), loop, str(epochs)]
-    result = subprocess.run(
-        command, cwd=project, env=quiet_env(project), capture_output=True, text=True
-    )
+    result = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"error: {loop} on {project.name} failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.splitlines()[-1])["steps_per_second"]
