@@ -3,8 +3,9 @@
 A CPU step allocates its activations and gradients (tens of MB) and frees them all at its end.
 glibc's malloc hands such memory back to the kernel: blocks above its mmap threshold are
 unmapped, and the top of the heap is trimmed once more than its trim threshold is free. The
-next step then faults every page in again, zero-filled by the kernel: measured here (bench/
-README.md, "Loop overhead") as ~3,500 page faults and ~20% of a 100K-parameter decoder's step.
+next step then faults every page in again, zero-filled by the kernel: in the 100K-parameter
+decoder's loop, ~3,400 page faults a step (1.41M minor faults in 393 steps; 89K with the
+thresholds below) and a quarter of its steps/s (bench/README.md, "Loop overhead").
 Setting both thresholds (mallopt(3): M_MMAP_THRESHOLD at its 32 MiB maximum on 64-bit
 systems, M_TRIM_THRESHOLD at 1 GiB) keeps the memory mapped, as PyTorch's CPU performance
 guide gets by preloading jemalloc or tcmalloc instead
