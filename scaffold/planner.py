@@ -670,12 +670,12 @@ def _tokenizer_sources(recipe: Recipe) -> tuple[str, str]:
     if recipe.tokenizer == "bytes":
         return (
             "the example's byte tokens: a decoder this small spends its parameters on blocks",
-            "the byte tokenizer's 256 byte values and end-of-text",
+            '256 byte values and end-of-text (tokenizer = "bytes")',
         )
     return (
         f"a byte-level BPE trained on the corpus by prepare, as {recipe.name}'s was "
         "(GPT-2's tokenizer, Radford et al. 2019)",
-        "GPT-2's 50,257 tokens padded to a multiple of 64, as nanoGPT pads them",
+        "GPT-2's 50,257 BPE tokens padded to a multiple of 64",
     )
 
 

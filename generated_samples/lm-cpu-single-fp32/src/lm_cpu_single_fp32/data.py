@@ -9,7 +9,8 @@ rest of the project needs from it (`train.py` imports nothing else from here):
   `dataset[list_of_indices]` returns a whole batch `(inputs, targets)`, both int64 token ids
   `[B, block_size]` in `[0, NUM_CLASSES)`, targets the inputs shifted left by one token.
 - `NUM_CLASSES`: the model's vocabulary size (the initial loss is ln of it); at least the
-  prepared corpus's (its tokenizer's vocabulary).
+  prepared corpus's (its tokenizer's vocabulary); more is padding, never a target. scaffold's
+  planner chose it with the tokenizer (`scaffold plan` says why).
 """
 
 from __future__ import annotations
@@ -23,10 +24,7 @@ from .config import Config, parse_param_count
 from .corpus import TokenWindows, read_manifest
 from .prepare import prepare
 
-# The model's vocabulary in tokens: at least the prepared corpus's (its tokenizer's); a padded
-# one is fine (the extra tokens are never a target).
-# plan: the byte tokenizer's 256 byte values and end-of-text
-NUM_CLASSES = 257
+NUM_CLASSES = 257  # the vocabulary: 256 byte values and end-of-text (tokenizer = "bytes")
 # The example cuts the stdlib's files into documents of at most 4 KiB at line breaks: enough
 # documents in a small corpus for validation to be `val_fraction` of them.
 EXAMPLE_DOCUMENT_BYTES = 4096
