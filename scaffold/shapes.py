@@ -180,8 +180,8 @@ class DecoderShape:
         if self.exact:
             return (
                 f"{head}: {row.name}'s ({row.source}); {self.params:,} parameters with "
-                f"{self.vocab:,} tokens and context {self.block_size} (the published "
-                f"{size_label(row.size)} counts {row.counts})"
+                f"{self.vocab:,} tokens, an untied head and context {self.block_size} (the "
+                f"published {size_label(row.size)} counts {row.counts})"
             )
         return (
             f"{head}: the depth and head size of {row.name} ({row.source}), the published "

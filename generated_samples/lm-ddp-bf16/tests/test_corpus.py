@@ -151,6 +151,7 @@ def test_the_command_line_prints_the_counts(sources, tmp_path, capsys):
     ("make", "message"),
     [
         (lambda root: [str(root / "missing.txt")], "names no file"),
+        (lambda root: [str(folder_of_csv(root))], r"holds no text \(.txt"),
         (lambda root: [str(empty_file(root))], "are empty"),
         (lambda root: [str(jsonl(root, '{"body": "x"}'))], "with a string 'text' field"),
         (lambda root: [str(parquet(root))], "has no column 'text'"),
@@ -162,6 +163,12 @@ def test_bad_sources_are_refused_in_one_line_with_nothing_written(tmp_path, make
         prepare(make(tmp_path), tmp_path / "out", progress=False)
     assert "\n" not in str(refused.value) and not (tmp_path / "out").exists()
     assert not list(tmp_path.glob(".out.*")), "no partial folder left"
+
+
+def folder_of_csv(root: Path) -> Path:
+    (root / "tables").mkdir()
+    (root / "tables" / "x.csv").write_text("a,b\n")
+    return root / "tables"
 
 
 def empty_file(root: Path) -> Path:

@@ -501,7 +501,10 @@ def main(argv: list[str] | None = None) -> Manifest:
     if manifest.vocab_size > NUM_CLASSES:
         print(
             f"the vocabulary has {manifest.vocab_size} tokens and the model {NUM_CLASSES}: "
-            f"set NUM_CLASSES = {manifest.vocab_size} in data.py to train on it"
+            f"set NUM_CLASSES = {manifest.vocab_size} in data.py to train on it; its embedding "
+            f"and head then take 2 x {manifest.vocab_size} x width of model_size's parameters "
+            f"({2 * manifest.vocab_size * 32:,} at the smallest width, 32): a small model "
+            "wants a smaller --vocab-size"
         )
     elif manifest.vocab_size < NUM_CLASSES:
         print(

@@ -34,6 +34,10 @@ def find_sources(patterns: list[str]) -> list[Path]:
         else:
             matches = [Path(p) for p in sorted(glob.glob(pattern, recursive=True))]
             matches = [p for p in matches if p.is_file()]
+        if not matches and path.is_dir():
+            raise ValueError(
+                f"{pattern} holds no text (.txt, .md, .rst, .py), .jsonl or .parquet file"
+            )
         if not matches:
             raise ValueError(f"{pattern} names no file; give files, folders or glob patterns")
         for match in matches:
