@@ -214,9 +214,10 @@ def test_the_mps_project_differs_from_the_cpu_one_only_in_its_device():
 
 @pytest.mark.slow
 def test_a_7b_plan_renders_a_project_whose_config_a_user_could_launch(tmp_path):
-    """7B on 8 x 80 GB H100s: FSDP2 over the 8, the planned micro-batch, accumulation, context
-    and learning rate in train.toml, each under its `# plan:` source; the project lints, builds
-    its 7B model on the meta device in no memory, and its sanity ladder passes at test size."""
+    """7B on 8 x 80 GB H100s: FSDP2 over the 8, the planned micro-batch, accumulation, context,
+    learning rate and tokenizer in train.toml, each under its `# plan:` source, and the BPE's
+    vocabulary in data.py; the project lints, builds its 7B model on the meta device in no
+    memory, and its sanity ladder passes at test size."""
     from conftest import ruff, run_in_project
 
     from scaffold.answers import build_answers, merge_sources
@@ -234,8 +235,11 @@ def test_a_7b_plan_renders_a_project_whose_config_a_user_could_launch(tmp_path):
         and ruff(project, "format", "--check").returncode == 0
     )
     toml = (project / "configs" / "train.toml").read_text()
+    vocabulary = planned.settings.pop("vocab_size")  # data.py's NUM_CLASSES, not a config key
     for key, setting in planned.settings.items():
         assert f"# plan: {setting.source}\n{key} = {setting.as_toml()}" in toml, key
+    data_py = (project / "src" / "llm" / "data.py").read_text()
+    assert f"NUM_CLASSES = {vocabulary.value}  # the vocabulary: {vocabulary.source}" in data_py
     script = (
         "import json; import torch; from llm.config import load_config; "
         "from llm.build import build_on_meta; config = load_config('configs/train.toml'); "
@@ -246,7 +250,7 @@ def test_a_7b_plan_renders_a_project_whose_config_a_user_could_launch(tmp_path):
     )
     built = run_in_project(project, "-c", script)
     assert built.returncode == 0, built.stderr[-2000:]
-    assert json.loads(built.stdout) == [6_454_657_024, True, 2048, 1.2e-4, 128]
+    assert json.loads(built.stdout) == [6_864_642_048, True, 2048, 1.2e-4, 128]
     ladder = ["tests/test_model.py", "tests/test_build.py", "tests/test_loop.py"]
     tests = run_in_project(project, "-m", "pytest", "-q", "-p", "no:cacheprovider", *ladder)
     assert tests.returncode == 0, tests.stdout[-3000:]

@@ -139,6 +139,9 @@ def test_windows_read_the_shards_and_pickle_without_the_corpus(prepared):
     assert len(pickle.dumps(windows)) < 2000, "a worker gets file names, not the tokens"
     per_shard = [(shard.tokens - 1) // 16 for shard in manifest.shards["train"]]
     assert len(windows) == sum(per_shard)
+    for outside in ([len(windows)], [-1], [0, len(windows) + 5]):
+        with pytest.raises(IndexError, match=f"not all in \\[0, {len(windows)}\\)"):
+            windows[outside]
 
 
 def test_the_command_line_prints_the_counts(sources, tmp_path, capsys):

@@ -201,7 +201,10 @@ class TokenWindows(Dataset):
         return int(self.first_window[-1])
 
     def __getitem__(self, indices: list[int]) -> tuple[Tensor, Tensor]:
+        """Raises IndexError: an index outside `[0, len(self))`."""
         positions = np.asarray(indices, dtype=np.int64)
+        if positions.size and not 0 <= positions.min() <= positions.max() < len(self):
+            raise IndexError(f"windows {indices} are not all in [0, {len(self)})")
         shards = np.searchsorted(self.first_window, positions, side="right") - 1
         starts = (positions - self.first_window[shards]) * self.block_size
         span = self.block_size + 1
