@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -24,11 +25,18 @@ from conftest import PROJECT_ROOT, assert_loss_curve_png, tensorboard_scalars
 
 def test_tensorboard_shows_each_step_once_after_a_resume_from_an_earlier_step(config, tmp_path):
     """The first launch logged steps 1-5, its last checkpoint was at step 3: the resume
-    writes from step 4 on, and TensorBoard's reader drops the first launch's 4 and 5."""
+    writes from step 4 on, and TensorBoard's reader drops the first launch's 4 and 5. The
+    reader takes event files in name order (the second, host and pid, as text): the first
+    launch's file is named as if opened this second by a pid that sorts after any, and the
+    resume's must still be read after it."""
     first = TensorBoardTracker(tmp_path / "tensorboard", config, purge_step=1)
     for step in range(1, 6):
         first.log_scalars({"train/loss": float(step)}, step)
     first.close()
+    (events,) = (tmp_path / "tensorboard").glob("events.out.tfevents.*")
+    name = events.name.split(".")
+    name[3], name[-2] = str(int(time.time())), "9" * 12
+    events.rename(events.with_name(".".join(name)))
     resumed = TensorBoardTracker(tmp_path / "tensorboard", config, purge_step=4)
     for step in range(4, 7):
         resumed.log_scalars({"train/loss": 10.0 * step}, step)

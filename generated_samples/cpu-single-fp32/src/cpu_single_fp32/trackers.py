@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,6 +36,7 @@ class TensorBoardTracker:
     def __init__(self, log_dir: Path, config: Config, purge_step: int):
         from torch.utils.tensorboard import SummaryWriter  # imported only when switched on
 
+        wait_for_a_later_second(log_dir)
         self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
         config_json = json.dumps(config.to_dict(), indent=2)
         # Four leading spaces: TensorBoard renders text summaries as Markdown.
@@ -46,6 +48,23 @@ class TensorBoardTracker:
 
     def close(self) -> None:
         self.writer.close()
+
+
+def wait_for_a_later_second(log_dir: Path) -> None:
+    """Return once this second is later than the one in any event file's name in `log_dir`.
+
+    TensorBoard reads a folder's event files in name order, and a name is
+    `events.out.tfevents.<second created>.<host>.<pid>.<n>` (tensorboard's
+    event_file_writer.py): a resume that opens its file in the second an earlier launch opened
+    its own sorts by the pids as text, and may sort first; the reader then takes the earlier
+    launch's step 1 as a restart and drops every step the resume wrote. Waits at most ~2 s; an
+    event file from a clock further ahead (another machine's) is left as it is.
+    """
+    seconds = [path.name.split(".")[3] for path in log_dir.glob("events.out.tfevents.*")]
+    newest = max((int(second) for second in seconds if second.isdigit()), default=0)
+    now = time.time()
+    if int(now) <= newest < now + 2:
+        time.sleep(newest + 1 - now)
 
 
 class WandbTracker:
