@@ -12,6 +12,24 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+# Test files whose every test takes seconds (each runs `scaffold update` in a subprocess).
+SECONDS_EACH = ("tests/test_update.py",)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest first, the collection's order kept within each group: the slow tests (the
+    matrix's variants, heaviest first, then the other runs of rendered projects), then the
+    files whose every test takes seconds, then the rest. xdist's worksteal then balances a
+    tail of short tests, where a long test collected last would keep one worker busy alone."""
+
+    def group(item: pytest.Item) -> int:
+        if item.get_closest_marker("slow"):
+            return 0
+        return 1 if item.nodeid.split("::")[0] in SECONDS_EACH else 2
+
+    items.sort(key=group)
+
+
 # The matrix's rows (tests/test_matrix.py records them as user properties), as this process
 # receives them: under pytest-xdist the controller gets every worker's reports.
 MATRIX_ROWS: list[dict[str, object]] = []

@@ -378,15 +378,11 @@ def my_train_toml(text: str) -> str:
     return re.sub(r'^monitor = "val_loss"', 'monitor = "val_r2"', text, flags=re.M)
 
 
-def test_a_users_own_regression_task_passes_the_ladder_and_merges_machinery_fixes(
-    project, new_template
-):
+def swap_in_a_regression_task_and_update(project: Path, new_template: Path) -> dict[str, str]:
     """The user swaps the classification example for a regression (MSE loss, an R^2 metric,
     `monitor = "val_r2"`, higher is better) in the files the README says they own: model,
-    data, task, task settings, their values and the example's tests. An update that fixes the
-    loop, the engine, the loader and the config merges without a conflict and leaves their
-    files alone; the sanity ladder passes on their task, and a run's summary reports their
-    metrics, none of the example's."""
+    data, task, task settings, their values and the example's tests; then an update that fixes
+    the loop, the engine, the loader and the config. Returns their files' texts by path."""
     config = project / "configs" / "train.toml"
     mine = {"src/demo/model.py": MY_MODEL, "src/demo/data.py": MY_DATA}
     mine |= {"src/demo/task.py": MY_TASK, "src/demo/task_config.py": MY_TASK_CONFIG}
@@ -397,14 +393,31 @@ def test_a_users_own_regression_task_passes_the_ladder_and_merges_machinery_fixe
     commit_all(project, "my regression task")
     result = update(project, new_template)
     assert result.returncode == 0, result.stderr
+    return mine
+
+
+def test_a_users_own_regression_task_keeps_their_files_and_merges_machinery_fixes(
+    project, new_template
+):
+    """After the swap and the update (`swap_in_a_regression_task_and_update`), their files are
+    as they left them, and the loop, engine, loader and config fixes are in, with no conflict."""
+    mine = swap_in_a_regression_task_and_update(project, new_template)
     for relative, text in mine.items():
         assert (project / relative).read_text() == text, relative
-    assert 'monitor = "val_r2"' in config.read_text() and CONFIG_FIX in config.read_text()
+    config = (project / "configs" / "train.toml").read_text()
+    assert 'monitor = "val_r2"' in config and CONFIG_FIX in config
     package = project / "src" / "demo"
     assert LOOP_FIX in (package / "train.py").read_text()
     assert ENGINE_FIX in (package / "replicated.py").read_text()
     assert LOADER_FIX in (package / "loader.py").read_text()
     assert "<<<<<<<" not in git(project, "diff") and not list(project.rglob("*.rej"))
+
+
+@pytest.mark.slow
+def test_a_users_own_regression_task_passes_the_ladder_after_an_update(project, new_template):
+    """The sanity ladder passes on their task once updated, and a run's summary reports their
+    metrics, none of the example's (a run of the rendered project: with the matrix, in CI)."""
+    swap_in_a_regression_task_and_update(project, new_template)
     ladder = ["tests/test_model.py", "tests/test_loop.py", "tests/test_example.py"]
     ladder += ["tests/test_build.py"]  # their MLP has no init_tensor: it is built whole
     ladder += [f"tests/test_train.py::test_{name}" for name in LADDER_RUNS]
@@ -422,7 +435,9 @@ EDIT_TEXT = st.text(
 ).filter(lambda text: "<<<" not in text and ">>>" not in text and "===" not in text)
 
 
-# Each example is an update (seconds): a few examples, each with up to 8 edits.
+# Each example is an update (~4 s): a few examples, each with up to 8 edits; in CI, not in
+# the quick tier (the single-edit tests above cover the same merge there).
+@pytest.mark.slow
 @settings(
     max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
