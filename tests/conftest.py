@@ -17,17 +17,11 @@ SECONDS_EACH = ("tests/test_update.py",)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Longest first, the collection's order kept within each group: the slow tests (the
-    matrix's variants, heaviest first, then the other runs of rendered projects), then the
-    files whose every test takes seconds, then the rest. xdist's worksteal then balances a
-    tail of short tests, where a long test collected last would keep one worker busy alone."""
-
-    def group(item: pytest.Item) -> int:
-        if item.get_closest_marker("slow"):
-            return 0
-        return 1 if item.nodeid.split("::")[0] in SECONDS_EACH else 2
-
-    items.sort(key=group)
+    """The files whose every test takes seconds first, the collection's order kept otherwise:
+    xdist's worksteal splits the collection in two halves and balances their tails, which a
+    file of long tests collected last would leave on one worker (the quick tier: ~10 s). The
+    matrix orders its own variants (tests/test_matrix.py)."""
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in SECONDS_EACH)
 
 
 # The matrix's rows (tests/test_matrix.py records them as user properties), as this process
