@@ -19,8 +19,8 @@ SECONDS_EACH = ("tests/test_update.py",)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The files whose every test takes seconds first, the collection's order kept otherwise:
     xdist's worksteal splits the collection in two halves and balances their tails, which a
-    file of long tests collected last would leave on one worker (the quick tier: ~10 s). The
-    matrix orders its own variants (tests/test_matrix.py)."""
+    file of long tests collected last would leave on one worker. The matrix orders its own
+    variants (tests/test_matrix.py)."""
     items.sort(key=lambda item: item.nodeid.split("::")[0] not in SECONDS_EACH)
 
 
