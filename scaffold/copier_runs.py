@@ -1,6 +1,7 @@
 """The only module that imports copier: a render of one template version into a new folder, and
 an update (or recopy) of a project in place. copier's own warnings are not the user's and are
-silenced; its errors become `RenderError`."""
+silenced; its errors become `RenderError`. Plain-text template strings compile once per process
+(`scaffold.literal_templates`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from scaffold.errors import RenderError
+from scaffold.literal_templates import literal_templates_compiled_once
 
 
 @contextlib.contextmanager
@@ -18,7 +20,7 @@ def _copier() -> Iterator[Any]:
     import copier  # deferred: importing copier takes ~0.5 s that `--help` should not pay
     from copier.errors import CopierError, CopierWarning
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), literal_templates_compiled_once():
         warnings.simplefilter("ignore", CopierWarning)
         try:
             yield copier
