@@ -117,13 +117,6 @@ def run_scaffold(
     )
 
 
-# A rendered project's own test suite, as its user runs it. Plugins that this environment
-# installs for scaffold's tests (hypothesis, anyio) are not in a rendered project's
-# dependencies: left on, they would cost every such pytest ~2.3 s of its ~5.3 s start-up.
-RENDERED_PYTEST = ("-m", "pytest", "-q", "-p", "no:cacheprovider")
-RENDERED_PYTEST += ("-p", "no:hypothesispytest", "-p", "no:anyio")
-
-
 def run_in_project(project: Path, *command: str) -> subprocess.CompletedProcess:
     """Run `python COMMAND...` inside a rendered project with its `src/` importable."""
     # One torch thread per process: pytest-xdist already runs one variant per core.
@@ -131,6 +124,18 @@ def run_in_project(project: Path, *command: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, *command], cwd=project, env=env, capture_output=True, text=True
     )
+
+
+# Plugins that this environment installs for scaffold's tests (hypothesis, anyio) are not in a
+# rendered project's dependencies: left on, they would cost every such pytest ~2.3 s of its
+# ~5.3 s start-up.
+NOT_A_PROJECTS_PLUGINS = ("-p", "no:hypothesispytest", "-p", "no:anyio")
+
+
+def run_project_tests(project: Path, *args: str) -> subprocess.CompletedProcess:
+    """A rendered project's own test suite (pytest ARGS), as its user runs it."""
+    pytest_args = ("-q", "-p", "no:cacheprovider", *NOT_A_PROJECTS_PLUGINS, *args)
+    return run_in_project(project, "-m", "pytest", *pytest_args)
 
 
 def ruff(project: Path, *args: str) -> subprocess.CompletedProcess:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import RENDERED_PYTEST, REPO_ROOT, isolate_home, ruff, run_in_project
+from conftest import REPO_ROOT, isolate_home, ruff, run_in_project, run_project_tests
 from filelock import FileLock
 from repeats import (
     Footprint,
@@ -208,7 +208,7 @@ def test_variant_renders_lints_and_passes_its_own_tests(matrix, variant, record_
     assert ruff(project, "check").returncode == 0
     assert ruff(project, "format", "--check").returncode == 0
     skipped = matrix.skipped_as_repeats(variant)
-    result = run_in_project(project, *RENDERED_PYTEST, *matrix.deselect_arguments(variant))
+    result = run_project_tests(project, *matrix.deselect_arguments(variant))
     record_property("matrix_variant", variant)
     record_property("matrix_seconds", time.monotonic() - started)
     record_property("matrix_run", len(matrix.footprints[variant]) - len(skipped))

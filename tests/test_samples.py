@@ -218,7 +218,7 @@ def test_a_7b_plan_renders_a_project_whose_config_a_user_could_launch(tmp_path):
     learning rate and tokenizer in train.toml, each under its `# plan:` source, and the BPE's
     vocabulary in data.py; the project lints, builds its 7B model on the meta device in no
     memory, and its sanity ladder passes at test size."""
-    from conftest import RENDERED_PYTEST, ruff, run_in_project
+    from conftest import ruff, run_in_project, run_project_tests
 
     from scaffold.answers import build_answers, merge_sources
     from scaffold.planner import plan
@@ -252,7 +252,7 @@ def test_a_7b_plan_renders_a_project_whose_config_a_user_could_launch(tmp_path):
     assert built.returncode == 0, built.stderr[-2000:]
     assert json.loads(built.stdout) == [6_864_642_048, True, 2048, 1.2e-4, 128]
     ladder = ["tests/test_model.py", "tests/test_build.py", "tests/test_loop.py"]
-    tests = run_in_project(project, *RENDERED_PYTEST, *ladder)
+    tests = run_project_tests(project, *ladder)
     assert tests.returncode == 0, tests.stdout[-3000:]
 
 

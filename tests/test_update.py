@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import RENDERED_PYTEST, REPO_ROOT, run_in_project, run_scaffold, snapshot
+from conftest import REPO_ROOT, run_in_project, run_project_tests, run_scaffold, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from shared_renders import committed_project, copy_project
@@ -421,7 +421,7 @@ def test_a_users_own_regression_task_passes_the_ladder_after_an_update(project, 
     ladder = ["tests/test_model.py", "tests/test_loop.py", "tests/test_example.py"]
     ladder += ["tests/test_build.py"]  # their MLP has no init_tensor: it is built whole
     ladder += [f"tests/test_train.py::test_{name}" for name in LADDER_RUNS]
-    tests = run_in_project(project, *RENDERED_PYTEST, *ladder)
+    tests = run_project_tests(project, *ladder)
     assert tests.returncode == 0, tests.stdout[-3000:]
     run = run_in_project(project, "-m", "demo.train", "epochs=3", "tensorboard=false")
     assert run.returncode == 0, run.stderr[-3000:]
