@@ -12,6 +12,15 @@ if [ ! -x "$PY" ] || [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
     python3 -m venv "$VENV"
     "$PY" -m pip install --quiet --disable-pip-version-check --upgrade pip
     "$PY" -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
+    if [ -n "${DEEPSPEED_OPS_LOG:-}" ]; then
+        # scripts/test.sh: DeepSpeed before the rest, so that its CPU ops compile on the core
+        # pip leaves idle while the rest installs (~100 s). The matrix's own build of them
+        # waits for this one through torch's lock in TORCH_EXTENSIONS_DIR, then loads them.
+        "$PY" -m pip install --quiet --disable-pip-version-check \
+            "$(grep -o '"deepspeed==[^"]*"' "$ROOT/pyproject.toml" | tr -d '"')"
+        PATH="$VENV/bin:$PATH" "$PY" "$ROOT/scripts/build_deepspeed_ops.py" \
+            >"$DEEPSPEED_OPS_LOG" 2>&1 &
+    fi
     "$PY" -m pip install --quiet --disable-pip-version-check -e "$ROOT[dev]"
     echo "$WANT" > "$STAMP"
 fi
