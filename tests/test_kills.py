@@ -1,7 +1,9 @@
 """Kills at random moments of a rendered project's run, saves included: every `--resume`
 continues from the newest complete checkpoint, and the run ends bitwise where an unkilled run
 ends, each step logged once. One sample writes a single-file checkpoint (plain PyTorch, one
-process), the other sharded ones (FSDP2, two processes under torchrun).
+process), the other sharded ones (FSDP2, two processes under torchrun); each saves
+synchronously and in the background (`async_checkpoint`), where a kill may land while a
+background thread writes.
 
 `SCAFFOLD_KILLS` sets the number of kills per sample (CI: 2, one at the start of a save,
 which tears a checkpoint, and one at a random moment of training; the figures in the issue
@@ -50,9 +52,10 @@ class Tally:
     fallbacks: int = 0
 
 
-def command(sample: str, run_dir: Path, resume: bool) -> list[str]:
+def command(sample: str, run_dir: Path, resume: bool, background: bool) -> list[str]:
     package = sample.replace("-", "_")
     settings = [*SETTINGS[sample], *COMMON, f"run_dir={run_dir}"]
+    settings.append(f"async_checkpoint={str(background).lower()}")
     if sample == "lm-fsdp2-bf16":
         settings.append(f"data_dir={run_dir.parent / 'corpus'}")  # not in the sample's folder
         launch = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
@@ -62,11 +65,13 @@ def command(sample: str, run_dir: Path, resume: bool) -> list[str]:
     return [*launch, *settings, *(["--resume"] if resume else [])]
 
 
-def start(sample: str, run_dir: Path, resume: bool, scratch: Path) -> subprocess.Popen:
+def start(
+    sample: str, run_dir: Path, resume: bool, scratch: Path, background: bool
+) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(SAMPLES / sample / "src"), "OMP_NUM_THREADS": "1"}
     env["TMPDIR"] = str(scratch)  # short socket paths for torchrun and DataLoader workers
     return subprocess.Popen(
-        command(sample, run_dir, resume),
+        command(sample, run_dir, resume, background),
         cwd=SAMPLES / sample,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -140,8 +145,9 @@ def train_steps(run_dir: Path) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("background", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("sample", list(SETTINGS))
-def test_random_kills_lose_no_checkpoint_and_the_run_ends_bitwise(sample, tmp_path):
+def test_random_kills_lose_no_checkpoint_and_the_run_ends_bitwise(sample, background, tmp_path):
     import torch  # here, not at collection: seconds in every process of a quick run
     from safetensors.torch import load_file
 
@@ -149,11 +155,11 @@ def test_random_kills_lose_no_checkpoint_and_the_run_ends_bitwise(sample, tmp_pa
     scratch.mkdir(parents=True, exist_ok=True)
     try:
         straight, killed = tmp_path / "straight", tmp_path / "killed"
-        assert finish(start(sample, straight, False, scratch), Tally()) == 0
+        assert finish(start(sample, straight, False, scratch, False), Tally()) == 0
         rng, tally = random.Random(sample), Tally()
         resume = False
         while tally.kills < KILLS:
-            process = start(sample, killed, resume, scratch)
+            process = start(sample, killed, resume, scratch, background)
             in_save = kill_at_random(process, killed, rng, during_save=tally.kills % 2 == 0)
             if process.returncode is None:  # the run ended before the kill
                 assert finish(process, tally) == 0
@@ -164,7 +170,7 @@ def test_random_kills_lose_no_checkpoint_and_the_run_ends_bitwise(sample, tmp_pa
             tally.during_save += in_save
             tally.left_partial += len(list((killed / "checkpoints").glob(".step-*.partial")))
             resume = True
-        assert finish(start(sample, killed, True, scratch), tally) == 0
+        assert finish(start(sample, killed, True, scratch, background), tally) == 0
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     expected, actual = (load_file(run / "model.safetensors") for run in (straight, killed))
@@ -173,7 +179,8 @@ def test_random_kills_lose_no_checkpoint_and_the_run_ends_bitwise(sample, tmp_pa
     assert steps == sorted(set(steps)) == train_steps(straight), "every step logged once"
     assert not list((killed / "checkpoints").glob(".*")), "no temporary left behind"
     print(
-        f"\n{sample}: {tally.kills} kills ({tally.during_save} during a save), 0 lost, "
+        f"\n{sample}, async_checkpoint={background}: {tally.kills} kills "
+        f"({tally.during_save} during a save), 0 lost, "
         f"{tally.left_partial} half-written folders left (all removed by the next start), "
         f"{tally.fallbacks} fallbacks past the newest checkpoint"
     )

@@ -19,6 +19,7 @@ import torch
 from cpu_ddp_fp32 import loader
 from cpu_ddp_fp32.checkpoint import TRAINER_FILE, find_latest, step_folders
 from cpu_ddp_fp32.config import Config, load_config, parse_command_line
+from cpu_ddp_fp32.engine import Engine
 from cpu_ddp_fp32.preemption import PREEMPTED_EXIT_CODE, Preempted
 from cpu_ddp_fp32.run_folder import NotARunFolder, holds_a_run, mark_as_a_run
 from cpu_ddp_fp32.runtime import init_runtime
@@ -79,9 +80,10 @@ STOPS = {"mid-accumulation": 3, "mid-validation": "last", "mid-save": 4}
 def test_a_stop_signal_checkpoints_and_the_resumed_run_ends_bitwise(straight, tmp_path, where):
     config = dataclasses.replace(straight, run_dir=str(tmp_path / "run"), log_every=1)
     trainer, sent = Trainer(config, init_runtime("cpu")), []
-    if where == "mid-save":
-        save = trainer.engine.save
-        trainer.engine.save = lambda folder: (send_stop_signal_once(sent), save(folder))
+    if where == "mid-save":  # `start_save` stages a background save
+        name = "start_save" if config.async_checkpoint else "save"
+        save = getattr(trainer.engine, name)
+        setattr(trainer.engine, name, lambda folder: (send_stop_signal_once(sent), save(folder))[1])
     else:
 
         def act(calls, training, output):
@@ -220,7 +222,7 @@ def rewrite_trainer_state(folder: Path, change) -> None:
     "change, message",
     [
         (lambda state: state.update(format=99), "format 99"),
-        (lambda state: state["ranks"].append(state["ranks"][0]), "2-process checkpoints"),
+        (lambda state: state["ranks"].append(state["ranks"][0]), "written by 2 process"),
         (lambda state: state["config"].update(seed=7), "changed seed"),
     ],
 )
@@ -287,10 +289,11 @@ def test_a_resume_of_a_run_that_ended_in_its_set_up_starts_it(config, monkeypatc
     checkpoint, even while its engine was built, the folder is a run's, and the run starts at
     step 0."""
 
-    def preempted(*args):
-        raise OSError("preempted during set-up")
+    class Preempted(Engine):
+        def __init__(self, *args):
+            raise OSError("preempted during set-up")
 
-    monkeypatch.setattr("cpu_ddp_fp32.train.Engine", preempted)
+    monkeypatch.setattr("cpu_ddp_fp32.train.Engine", Preempted)
     with pytest.raises(OSError, match="preempted"):
         Trainer(config, init_runtime("cpu"))
     monkeypatch.undo()
@@ -304,8 +307,9 @@ def test_flags_may_follow_the_overrides(tmp_path):
     run_dir = tmp_path / "run"
     mark_as_a_run(str(run_dir))  # --resume needs a folder where a run started
     argv = [f"run_dir='{run_dir.as_posix()}'", "--resume", "stop_after_steps=80", *CONFIG_FILE]
-    config, resume = parse_command_line([*argv, "lr=1e-3"], "")
+    config, resume = parse_command_line([*argv, "lr=1e-3", "--allow-world-size-change"], "")
     assert resume and (config.stop_after_steps, config.lr) == (80, 1e-3)
+    assert config.allow_world_size_change
     assert config.run_dir == run_dir.as_posix()
 
 

@@ -1,10 +1,12 @@
 """Checkpoints: the complete-marker, fallback past a damaged folder, refusal when none loads,
-an exact reload, pruning, and atomic writes."""
+an exact reload, pruning, atomic writes, background saves, and the batch split and random
+streams of a resume on another number of processes."""
 
 from __future__ import annotations
 
 import dataclasses
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from cpu_single_bf16.checkpoint import (
 )
 from cpu_single_bf16.config import Config
 from cpu_single_bf16.progress import TrainState
+from cpu_single_bf16.resume import derived_seed, split_global_batch
 from cpu_single_bf16.runtime import init_runtime
 from cpu_single_bf16.state_io import atomic_save
 from cpu_single_bf16.train import Trainer
@@ -77,6 +80,9 @@ class StandInEngine:
     def save(self, folder: Path) -> None:
         (folder / "weights").write_bytes(b"weights")
 
+    def start_save(self, folder: Path):
+        return lambda: self.save(folder)
+
     def load(self, folder: Path) -> None:
         assert (folder / "weights").read_bytes() == b"weights"
 
@@ -93,6 +99,7 @@ def test_pruning_keeps_the_newest_folders_and_the_best(config):
     for step in range(1, 6):
         progress.step = step
         manager.save(step, is_best=step == 2)
+    manager.wait()  # the last save may still be written in the background (async_checkpoint)
     names = [folder.name for folder in step_folders(manager.directory)]
     assert names == ["step-00000002", "step-00000004", "step-00000005"]
     assert not list(manager.directory.glob(".*partial")), "partial folders are renamed once whole"
@@ -117,3 +124,90 @@ def test_atomic_save_keeps_the_previous_file_when_a_write_fails(tmp_path, monkey
     monkeypatch.undo()
     assert torch.load(path, weights_only=True) == {"step": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["weights.pt"]
+
+
+@pytest.mark.parametrize(
+    ("global_batch", "world_size", "max_micro_batch", "split"),
+    [(128, 1, 64, (64, 2)), (128, 2, 32, (32, 2)), (128, 8, 64, (16, 1)), (120, 8, 4, (3, 5))],
+)
+def test_a_global_batch_splits_as_the_planner_splits_it(
+    global_batch, world_size, max_micro_batch, split
+):
+    """The largest micro-batch at most the config's that divides the samples per process."""
+    assert split_global_batch(global_batch, world_size, max_micro_batch) == split
+
+
+def test_a_global_batch_that_does_not_divide_among_the_processes_is_refused():
+    with pytest.raises(ValueError, match="launch a number of processes that divides 96"):
+        split_global_batch(96, 5, 8)
+
+
+def test_derived_seeds_differ_per_rank_and_step_and_fit_numpy():
+    seeds = {derived_seed(1337, step, rank) for step in (0, 40) for rank in range(4)}
+    assert len(seeds) == 8 and all(0 <= seed < 2**32 for seed in seeds)
+    assert derived_seed(1337, 40, 1) == derived_seed(1337, 40, 1)
+
+
+def test_background_saves_end_bitwise_where_synchronous_saves_end(tmp_path):
+    """The same checkpoints, each complete, and the same final weights; the seconds training
+    waited in the saves are in the summary (printed, not asserted: the machine's load sets
+    them)."""
+    summaries, runs = {}, {}
+    for background in (False, True):
+        config = config_for_tests(tmp_path / f"async-{background}")
+        config = dataclasses.replace(
+            config, epochs=1, checkpoint_every=2, keep_last=100, async_checkpoint=background
+        )
+        summaries[background] = Trainer(config, init_runtime("cpu")).fit()
+        runs[background] = Path(config.run_dir)
+    folders = {key: step_folders(run / "checkpoints") for key, run in runs.items()}
+    assert [f.name for f in folders[True]] == [f.name for f in folders[False]]
+    assert all((folder / COMPLETE_MARKER).is_file() for folder in folders[True])
+    expected, actual = (exported_weights(run) for run in (runs[False], runs[True]))
+    assert all(torch.equal(actual[name], value) for name, value in expected.items())
+    last = (runs[True] / "checkpoints" / "last").read_text().strip()
+    assert last == folders[True][-1].name
+    saves = {key: summary["checkpoint_saves"] for key, summary in summaries.items()}
+    assert saves[True] == saves[False] == len(folders[True])
+    for key, summary in summaries.items():
+        print(f"async_checkpoint={key}: {summary['checkpoint_stall_seconds']:.4f} s stalled")
+
+
+def test_a_background_save_waits_for_the_one_before_and_its_failure_stops_the_run(config):
+    """A save stages the state only once the write before it is on disk; a write that fails
+    ends the run with its error, the checkpoint before it loading, and the next start removes
+    what the failed write left."""
+    config = dataclasses.replace(
+        config, async_checkpoint=True, checkpoint_every=1, stop_after_steps=4
+    )
+    trainer, events = Trainer(config, init_runtime("cpu")), []
+    start_save = trainer.engine.start_save
+
+    def slow_start_save(folder: Path):
+        events.append(("staged", folder.name))
+        write = start_save(folder)
+
+        def slow_write() -> None:
+            time.sleep(0.1)
+            if folder.name == ".step-00000003.partial":
+                raise OSError("no space left on device")
+            write()
+            events.append(("written", folder.name))
+
+        return slow_write
+
+    trainer.engine.start_save = slow_start_save
+    with pytest.raises(OSError, match="no space left"):
+        trainer.fit()
+    names = [f".step-0000000{step}.partial" for step in (1, 2, 3)]
+    assert events == [
+        ("staged", names[0]),
+        ("written", names[0]),
+        ("staged", names[1]),
+        ("written", names[1]),
+        ("staged", names[2]),
+    ]
+    assert find_latest(Path(config.run_dir) / "checkpoints").folder.name == "step-00000002"
+    resumed = Trainer(config, init_runtime("cpu"), resume=True)
+    assert resumed.state.step == 2
+    assert not list((Path(config.run_dir) / "checkpoints").glob(".*"))

@@ -1,8 +1,9 @@
 """Started on each rank by test_distributed.py (by hand: `torchrun --nproc-per-node=2
-tests/rank_probe.py CONFIG RUN_DIR KEY=VALUE...`): train with the key=value settings given, then
-save this rank's flattened parameters (the test compares the ranks bitwise) and what ran, as
-seen from inside the run: the world size, the wrappers around the model, the share of each
-parameter this rank stores, and the dtypes the layers computed in."""
+tests/rank_probe.py CONFIG RUN_DIR KEY=VALUE... [--resume]`): train with the key=value settings
+given, then save this rank's flattened parameters (the test compares the ranks bitwise) and what
+ran, as seen from inside the run: the world size, the wrappers around the model, the share of
+each parameter this rank stores, the dtypes the layers computed in, the training samples read
+(batch by batch) and, on a resume, the optimizer state it restored."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from cuda_ddp_fp16 import train
 from cuda_ddp_fp16.config import load_config
 from cuda_ddp_fp16.runtime import init_runtime, shutdown_runtime
 from cuda_ddp_fp16.train import Trainer
@@ -43,6 +45,56 @@ def stored_fraction(model: nn.Module) -> float:
     return local / full
 
 
+class RecordedReads:
+    """A training split that records the indices of every batch read from it, in order: with
+    no loader workers, the batches the run trained on (a replay's skipped batches too)."""
+
+    def __init__(self, dataset):
+        self.dataset, self.reads = dataset, []
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, indices: list[int]):
+        self.reads.append([int(index) for index in indices])
+        return self.dataset[indices]
+
+
+def record_reads(recorders: list[RecordedReads]):
+    """A stand-in for `train.build_datasets` whose training split is a `RecordedReads`,
+    appended to `recorders` when the Trainer builds it."""
+    build = train.build_datasets
+
+    def build_recorded(config):
+        train_set, val_set = build(config)
+        recorders.append(RecordedReads(train_set))
+        return recorders[-1], val_set
+
+    return build_recorded
+
+
+def stepping_optimizer(engine) -> torch.optim.Optimizer:
+    """The torch optimizer that holds the state the engine steps with: the engine's own (inside
+    a framework's wrapper, if one wraps it)."""
+    return getattr(engine.optimizer, "optimizer", engine.optimizer)
+
+
+def adam_moments(optimizer: torch.optim.Optimizer) -> dict[str, list]:
+    """Per parameter, in the optimizer's order: the `step` its state holds (None: no state)
+    and whether its second moment is non-zero over the whole parameter (gathered across ranks
+    where it is sharded; a collective then). A restore that left moments empty shows here."""
+    steps, filled = [], []
+    parameters = [parameter for group in optimizer.param_groups for parameter in group["params"]]
+    for parameter in parameters:
+        state = optimizer.state.get(parameter, {})
+        moment = state.get("exp_avg_sq")
+        if isinstance(moment, DTensor):
+            moment = moment.full_tensor()
+        steps.append(None if "step" not in state else int(state["step"]))
+        filled.append(moment is not None and bool(moment.abs().sum() > 0))
+    return {"steps": steps, "filled": filled}
+
+
 def record_compute_dtypes(model: nn.Module) -> set[str]:
     """Collects the output dtype of every linear and convolution layer as training runs."""
     seen: set[str] = set()
@@ -53,9 +105,13 @@ def record_compute_dtypes(model: nn.Module) -> set[str]:
 
 
 def main(config_path: str, run_dir: str, *overrides: str) -> None:
-    config = load_config(config_path, ["device=cpu", *overrides])
+    resume = "--resume" in overrides
+    config = load_config(config_path, ["device=cpu", *(o for o in overrides if o != "--resume")])
     runtime = init_runtime("cpu")
-    trainer = Trainer(dataclasses.replace(config, run_dir=run_dir), runtime)
+    recorders: list[RecordedReads] = []
+    train.build_datasets = record_reads(recorders)
+    trainer = Trainer(dataclasses.replace(config, run_dir=run_dir), runtime, resume=resume)
+    restored = adam_moments(stepping_optimizer(trainer.engine)) if resume else None
     compute_dtypes = record_compute_dtypes(trainer.engine.model)
     trainer.fit()
     facts = {
@@ -64,6 +120,8 @@ def main(config_path: str, run_dir: str, *overrides: str) -> None:
         "wrappers": wrapper_names(trainer.engine.module),
         "stored_fraction": stored_fraction(trainer.engine.model),
         "compute_dtypes": sorted(compute_dtypes),
+        "reads": recorders[0].reads,
+        "restored_moments": restored,
     }
     with open(f"{run_dir}/ran-rank{runtime.rank}.json", "w") as file:
         json.dump(facts, file)

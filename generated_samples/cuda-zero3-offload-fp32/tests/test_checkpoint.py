@@ -1,5 +1,6 @@
 """Checkpoints: the complete-marker, fallback past a damaged folder, refusal when none loads,
-an exact reload, pruning, and atomic writes."""
+an exact reload, pruning, atomic writes, and the batch split and random
+streams of a resume on another number of processes."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from cuda_zero3_offload_fp32.checkpoint import (
 )
 from cuda_zero3_offload_fp32.config import Config
 from cuda_zero3_offload_fp32.progress import TrainState
+from cuda_zero3_offload_fp32.resume import derived_seed, split_global_batch
 from cuda_zero3_offload_fp32.runtime import init_runtime
 from cuda_zero3_offload_fp32.state_io import atomic_save
 from cuda_zero3_offload_fp32.train import Trainer
@@ -77,6 +79,9 @@ class StandInEngine:
     def save(self, folder: Path) -> None:
         (folder / "weights").write_bytes(b"weights")
 
+    def start_save(self, folder: Path):
+        return lambda: self.save(folder)
+
     def load(self, folder: Path) -> None:
         assert (folder / "weights").read_bytes() == b"weights"
 
@@ -93,6 +98,7 @@ def test_pruning_keeps_the_newest_folders_and_the_best(config):
     for step in range(1, 6):
         progress.step = step
         manager.save(step, is_best=step == 2)
+    manager.wait()  # the last save may still be written in the background (async_checkpoint)
     names = [folder.name for folder in step_folders(manager.directory)]
     assert names == ["step-00000002", "step-00000004", "step-00000005"]
     assert not list(manager.directory.glob(".*partial")), "partial folders are renamed once whole"
@@ -117,3 +123,25 @@ def test_atomic_save_keeps_the_previous_file_when_a_write_fails(tmp_path, monkey
     monkeypatch.undo()
     assert torch.load(path, weights_only=True) == {"step": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["weights.pt"]
+
+
+@pytest.mark.parametrize(
+    ("global_batch", "world_size", "max_micro_batch", "split"),
+    [(128, 1, 64, (64, 2)), (128, 2, 32, (32, 2)), (128, 8, 64, (16, 1)), (120, 8, 4, (3, 5))],
+)
+def test_a_global_batch_splits_as_the_planner_splits_it(
+    global_batch, world_size, max_micro_batch, split
+):
+    """The largest micro-batch at most the config's that divides the samples per process."""
+    assert split_global_batch(global_batch, world_size, max_micro_batch) == split
+
+
+def test_a_global_batch_that_does_not_divide_among_the_processes_is_refused():
+    with pytest.raises(ValueError, match="launch a number of processes that divides 96"):
+        split_global_batch(96, 5, 8)
+
+
+def test_derived_seeds_differ_per_rank_and_step_and_fit_numpy():
+    seeds = {derived_seed(1337, step, rank) for step in (0, 40) for rank in range(4)}
+    assert len(seeds) == 8 and all(0 <= seed < 2**32 for seed in seeds)
+    assert derived_seed(1337, 40, 1) == derived_seed(1337, 40, 1)

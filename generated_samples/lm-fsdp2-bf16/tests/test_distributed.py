@@ -1,5 +1,6 @@
 """Two processes with gloo on CPU: the run matches one process at the same global batch,
-resumes exactly, keeps the parameters identical on every rank, and runs on two nodes."""
+resumes exactly, resumes on one process what two saved and on two what one saved, keeps the
+parameters identical on every rank, and runs on two nodes."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lm_fsdp2_bf16.checkpoint import find_latest
+from lm_fsdp2_bf16 import train as train_module
+from lm_fsdp2_bf16.checkpoint import find_latest, step_folder_name, step_folders
 from lm_fsdp2_bf16.config import load_config
 from lm_fsdp2_bf16.data import build_datasets
 from lm_fsdp2_bf16.engine import COMPUTE_DTYPE
@@ -44,6 +46,11 @@ from conftest import (
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 COMPARABLE = [*RANDOMNESS_OFF, "log_every=1", "grad_accum_steps=2", "epochs=1"]
+# The runs compared with one another keep a mid-epoch checkpoint to resume on another world size.
+RESUMED_AT = 4
+COMPARABLE += [f"checkpoint_every={RESUMED_AT}", "keep_last=100"]
+# The one-process run's micro-batch: the two-process run's global batch (32 x 2 x 2) on one.
+ONE_PROCESS = ["micro_batch_size=64"]
 
 
 def short_tmpdir() -> Path:
@@ -147,13 +154,33 @@ def two_process_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
-def test_two_processes_match_one_at_the_same_global_batch(tmp_path, two_process_run):
-    """The one-process run is this test's own (a one-process group, as torchrun with one
-    process would make); the two-process run is the probe's launch."""
-    one, two = tmp_path / "one", two_process_run
-    settings = [*TEST_OVERRIDES, *COMPARABLE, "device=cpu", "micro_batch_size=64"]
-    config = load_config(PROJECT_ROOT / "configs" / "train.toml", settings)
-    Trainer(dataclasses.replace(config, run_dir=str(one)), init_runtime("cpu")).fit()
+def train_in_process(run_dir: Path, *settings: str, resume: bool = False) -> tuple[Trainer, list]:
+    """Train in this process (a one-process group, as torchrun with one process would make)
+    with TEST_SETTINGS and `settings`, recording the training samples read; returns the
+    Trainer, once built (the checks on a restore come before it trains), and the list of
+    batches read, filled as it trains."""
+    overrides = [*TEST_OVERRIDES, *settings, "device=cpu", f"run_dir='{run_dir.as_posix()}'"]
+    config = load_config(PROJECT_ROOT / "configs" / "train.toml", overrides)
+    recorders: list[rank_probe.RecordedReads] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(train_module, "build_datasets", rank_probe.record_reads(recorders))
+        trainer = Trainer(config, init_runtime("cpu"), resume=resume)
+    return trainer, recorders[0].reads
+
+
+@pytest.fixture(scope="module")
+def one_process_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]:
+    """The two-process run's settings on one process at the same global batch; its run
+    folder and the batches it read."""
+    run_dir = tmp_path_factory.mktemp("one")
+    trainer, reads = train_in_process(run_dir, *COMPARABLE, *ONE_PROCESS)
+    trainer.fit()
+    return run_dir, reads
+
+
+def test_two_processes_match_one_at_the_same_global_batch(two_process_run, one_process_run):
+    """The one-process run is this module's own; the two-process run is the probe's launch."""
+    (one, _), two = one_process_run, two_process_run
     single, double = logged_records(one, "train"), logged_records(two, "train")
     assert [r["step"] for r in single] == [r["step"] for r in double]
     for a, b in zip(single, double, strict=True):
@@ -171,6 +198,111 @@ def test_two_processes_match_one_at_the_same_global_batch(tmp_path, two_process_
     assert_loss_curve_png(two / "loss_curve.png")
     for rank in (0, 1):  # a profiler trace of its own from each process
         assert (two / "profile" / f"rank{rank}.pt.trace.json").is_file(), rank
+
+
+def copy_at_step(run_dir: Path, destination: Path, step: int) -> Path:
+    """A copy of `run_dir` whose latest checkpoint is `step`'s (later ones removed): a run
+    interrupted there. Returns `destination`."""
+    shutil.copytree(run_dir, destination)
+    checkpoints = destination / "checkpoints"
+    for folder in step_folders(checkpoints):
+        if folder.name > step_folder_name(step):
+            shutil.rmtree(folder)
+    (checkpoints / "last").write_text(step_folder_name(step) + "\n")
+    (checkpoints / "best").unlink(missing_ok=True)  # named a later step
+    return destination
+
+
+def samples_of(batches: list[list[int]]) -> list[int]:
+    return [index for batch in batches for index in batch]
+
+
+def reads_of_rank(run_dir: Path, rank: int) -> list[list[int]]:
+    """The training batches the probe's rank `rank` read, in order."""
+    return json.loads((run_dir / f"ran-rank{rank}.json").read_text())["reads"]
+
+
+def assert_each_sample_once_as_straight(resumed: list[int], straight: list[int]) -> None:
+    assert len(set(straight)) == len(straight), "the straight run repeats a sample in its epoch"
+    assert sorted(resumed) == sorted(straight)
+
+
+def assert_ends_as_straight(resumed: Path, straight: Path) -> None:
+    """The last logged training loss and the validation loss of both runs agree, at the same
+    step, within `tolerance`: the same global batches in another reduction order."""
+    for kind, key in (("train", "loss"), ("val", "val_loss")):
+        expected, actual = logged_records(straight, kind)[-1], logged_records(resumed, kind)[-1]
+        assert actual["step"] == expected["step"], kind
+        assert actual[key] == pytest.approx(expected[key], **tolerance()), kind
+
+
+def assert_restored_moments(moments: dict[str, list]) -> None:
+    """Every parameter's AdamW state came back: the checkpoint's step and a second moment."""
+    assert moments["steps"], "no parameter in the optimizer"
+    assert moments["steps"] == [RESUMED_AT] * len(moments["steps"]), moments["steps"]
+    assert all(moments["filled"]), moments["filled"]
+
+
+def assert_world_size_change_recorded(run_dir: Path, change: dict[str, int]) -> None:
+    assert json.loads((run_dir / "summary.json").read_text())["world_size_changes"] == [change]
+    starts = [record["world_size_change"] for record in logged_records(run_dir, "start")]
+    assert starts == [None, change]
+
+
+def test_a_world_size_change_is_refused_without_the_flag(tmp_path, two_process_run):
+    """Refused before anything is built or written, with the way out in the message."""
+    run_dir = copy_at_step(two_process_run, tmp_path / "resumed", RESUMED_AT)
+    before = sorted((p, p.stat().st_mtime_ns) for p in run_dir.rglob("*"))
+    with pytest.raises(ValueError, match="launch 2, or add --allow-world-size-change"):
+        train_in_process(run_dir, *COMPARABLE, *ONE_PROCESS, resume=True)
+    assert sorted((p, p.stat().st_mtime_ns) for p in run_dir.rglob("*")) == before
+
+
+def test_a_two_process_checkpoint_resumes_on_one_process(tmp_path, two_process_run):
+    """The one process takes the global batch as 64 x 2 (micro-batches of at most 64), trains
+    on exactly the samples the two processes had not reached, with every optimizer moment
+    restored, and ends where the straight two-process run ended. (64 samples per micro-batch
+    over all ranks, as the two processes had: the epoch drops the same tail.)"""
+    run_dir = copy_at_step(two_process_run, tmp_path / "resumed", RESUMED_AT)
+    settings = [*COMPARABLE, *ONE_PROCESS, "allow_world_size_change=true"]
+    trainer, reads = train_in_process(run_dir, *settings, resume=True)
+    assert (trainer.config.micro_batch_size, trainer.config.grad_accum_steps) == (64, 2)
+    assert_restored_moments(rank_probe.adam_moments(rank_probe.stepping_optimizer(trainer.engine)))
+    trainer.fit()
+    ranks = [reads_of_rank(two_process_run, rank) for rank in (0, 1)]
+    before = [index for batches in ranks for index in samples_of(batches[: RESUMED_AT * 2])]
+    straight = [index for batches in ranks for index in samples_of(batches)]
+    assert_each_sample_once_as_straight(before + samples_of(reads), straight)
+    assert_ends_as_straight(run_dir, two_process_run)
+    change = {"step": RESUMED_AT, "saved_world_size": 2, "world_size": 1}
+    change |= {"micro_batch_size": 64, "grad_accum_steps": 2}
+    assert_world_size_change_recorded(run_dir, change)
+    # Relaunched on one process with the config as it was: the split the change chose stands.
+    settings = [*COMPARABLE, "micro_batch_size=32", "allow_world_size_change=true"]
+    again, _ = train_in_process(run_dir, *settings, resume=True)
+    assert (again.config.micro_batch_size, again.config.grad_accum_steps) == (64, 2)
+
+
+def test_a_one_process_checkpoint_resumes_on_two_processes(tmp_path, scratch, one_process_run):
+    """The two processes split the global batch as 32 x 2 each (micro-batches of at most
+    32), and the same holds as above, the optimizer state resharded onto them where the
+    strategy shards it."""
+    one, one_reads = one_process_run
+    run_dir = copy_at_step(one, tmp_path / "resumed", RESUMED_AT)
+    config = PROJECT_ROOT / "configs" / "train.toml"
+    argv = [str(config), str(run_dir), *TEST_OVERRIDES, *COMPARABLE, "micro_batch_size=32"]
+    argv += ["allow_world_size_change=true", "--resume"]
+    wait_for_ranks(start_ranks(rank_probe.run_from_command_line, 2, *argv, scratch=scratch), 600)
+    resumed = samples_of(one_reads[: RESUMED_AT * 2])
+    for rank in (0, 1):
+        facts = json.loads((run_dir / f"ran-rank{rank}.json").read_text())
+        assert_restored_moments(facts["restored_moments"])
+        resumed += samples_of(facts["reads"])
+    assert_each_sample_once_as_straight(resumed, samples_of(one_reads))
+    assert_ends_as_straight(run_dir, one)
+    change = {"step": RESUMED_AT, "saved_world_size": 1, "world_size": 2}
+    change |= {"micro_batch_size": 32, "grad_accum_steps": 2}
+    assert_world_size_change_recorded(run_dir, change)
 
 
 def run_until_signalled(scratch: Path, run_dir: Path, step: int, *args: str) -> str:

@@ -60,6 +60,7 @@ class Checkpointer:
             return
         if self.saved_step != self.state.step:
             self.save(is_best=False)
+        self.manager.wait()  # a background write must be on disk before the job goes
         raise self.guards.preempted(self.state.step)
 
     def save(self, is_best: bool) -> None:

@@ -37,7 +37,8 @@ class TrainState:
     `step` counts optimizer steps, `batch_in_epoch` micro-batches already consumed in `epoch`
     (0-based); epochs in `history` and `best_epoch` count from 1, as the logs and bar do.
     `data` is the training data's position (`resume.DataPosition`: its own checkpoint
-    component, one per rank); the epoch methods below need it.
+    component, one per rank); the epoch methods below need it. `world_size_changes` records
+    each resume on another number of processes (`resume.WorldSizeChange` as a dict).
     """
 
     step: int = 0
@@ -49,6 +50,7 @@ class TrainState:
     epochs_without_improvement: int = 0
     initial_loss: float = math.nan  # loss of step 1, for the sanity line of the summary
     history: list[dict[str, float]] = field(default_factory=list)
+    world_size_changes: list[dict[str, int]] = field(default_factory=list)
     data: Any = field(default=None, repr=False, compare=False)
 
     def state_dict(self) -> dict[str, Any]:
@@ -56,7 +58,9 @@ class TrainState:
         return copy.deepcopy({name: getattr(self, name) for name in self._saved_fields()})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Take every field from a `state_dict` result."""
+        """Take every field from a `state_dict` result (checkpoints written before
+        `world_size_changes` existed had none)."""
+        state = {"world_size_changes": [], **state}
         for name in self._saved_fields():
             setattr(self, name, state[name])
 

@@ -55,9 +55,12 @@ class RunLog:
 
     def start_run(self, state: TrainState, resumed_from: str | None) -> None:
         """Open the records at `state.step` (`MetricsFile.open`) and record where this launch
-        starts."""
+        starts, with the world size change this resume made (`resume.WorldSizeChange` as a
+        dict; None if it made none)."""
         self.records.open(state.step)
-        self.write("start", step=state.step, resumed_from=resumed_from)
+        changes = state.world_size_changes if resumed_from is not None else []
+        change = changes[-1] if changes and changes[-1]["step"] == state.step else None
+        self.write("start", step=state.step, resumed_from=resumed_from, world_size_change=change)
 
     def write(self, kind: str, **values: Any) -> None:
         """Record `{"kind": kind, **values}` at `values["step"]` (a no-op off the main process)."""

@@ -50,6 +50,8 @@ class Config(TaskConfig):
     keep_last: int = 3
     log_every: int = 10
     stop_after_steps: int = 0
+    allow_world_size_change: bool = False
+    async_checkpoint: bool = False
     max_nonfinite_steps: int = 20
     tensorboard: bool = True
     logger: str = "none"
@@ -162,8 +164,9 @@ def user_errors() -> Iterator[None]:
 
 
 def parse_command_line(argv: list[str] | None, description: str) -> tuple[Config, bool]:
-    """`[key=value ...]` with `--config PATH` and `--resume` anywhere among them -> (the Config,
-    whether to resume). Exits with status 2, as argparse does, on an unknown flag.
+    """`[key=value ...]` with `--config PATH`, `--resume` and `--allow-world-size-change` (the
+    same as `allow_world_size_change=true`) anywhere among them -> (the Config, whether to
+    resume). Exits with status 2, as argparse does, on an unknown flag.
 
     Raises:
         ValueError: see `load_config`.
@@ -171,9 +174,15 @@ def parse_command_line(argv: list[str] | None, description: str) -> tuple[Config
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", default="configs/train.toml", help="TOML file of settings")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    parser.add_argument(
+        "--allow-world-size-change",
+        action="store_true",
+        help="resume a checkpoint written by another number of processes (allow_world_size_change)",
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. lr=1e-3 epochs=5")
     args = parser.parse_intermixed_args(argv)  # a flag after an override is still a flag
-    return load_config(args.config, args.overrides), args.resume
+    overrides = args.overrides + ["allow_world_size_change=true"] * args.allow_world_size_change
+    return load_config(args.config, overrides), args.resume
 
 
 def load_config(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import itertools
 import multiprocessing
 import random
 import signal
@@ -60,6 +61,17 @@ def stop_workers_at_exit() -> None:
 atexit.register(stop_workers_at_exit)
 
 
+class SkippingBatchSampler(BatchSampler):
+    """A BatchSampler whose next iteration starts `skip` batches in (then `skip` is 0 again):
+    the skipped batches' indices are drawn, their samples never read."""
+
+    skip = 0
+
+    def __iter__(self) -> Iterator[list[int]]:
+        skip, self.skip = self.skip, 0
+        return itertools.islice(super().__iter__(), skip, None)
+
+
 def make_train_loader(dataset: Dataset, config: Config, runtime: Runtime) -> DataLoader:
     """Shuffled loader of this process's `micro_batch_size` batches (last partial one dropped).
 
@@ -74,7 +86,7 @@ def make_train_loader(dataset: Dataset, config: Config, runtime: Runtime) -> Dat
         ValueError: not one whole batch per process (`micro_batch_size` too large).
     """
     generator = torch.Generator().manual_seed(config.seed + runtime.rank)
-    sampler = BatchSampler(
+    sampler = SkippingBatchSampler(
         train_sampler(dataset, config.seed, generator), config.micro_batch_size, drop_last=True
     )
     if len(sampler) == 0:
@@ -121,14 +133,21 @@ def padded_batches(loader: DataLoader, runtime: Runtime) -> Iterator[tuple[Any, 
         yield (*loader.dataset[[0]], False) if batch is None else (*batch, True)
 
 
-def epoch_iterator(loader: DataLoader, epoch: int, generator_state: Tensor, skip: int) -> Iterator:
+def epoch_iterator(
+    loader: DataLoader, epoch: int, generator_state: Tensor, skip: int, replay: bool = True
+) -> Iterator:
     """Start `epoch` from the loader generator's state at that epoch's start; skip `skip` batches.
 
-    Skipping reads the batches (not just offsets the sampler), so workers' random streams are
-    replayed too and the next batch is bitwise the one the interrupted run would have read.
+    With `replay`, skipping reads the batches, so workers' random streams are replayed too and
+    the next batch is bitwise the one the interrupted run would have read. Without (a resume
+    whose random streams start afresh), the sampler starts `skip` batches in and nothing
+    skipped is read (`SkippingBatchSampler`).
     """
     set_sampler_epoch(loader.sampler.sampler, epoch)
     loader.generator.set_state(generator_state)
+    if not replay:
+        loader.sampler.skip = skip
+        return iter(loader)
     iterator = iter(loader)
     for _ in range(skip):
         next(iterator)

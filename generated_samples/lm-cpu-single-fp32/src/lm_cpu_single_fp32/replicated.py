@@ -8,6 +8,7 @@ its device, the loss scaler's bookkeeping, validation's context and the checkpoi
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -15,7 +16,7 @@ from torch import Tensor, nn
 
 from .build import materialize
 from .runtime import Runtime
-from .state_io import atomic_save, load_trusted
+from .state_io import atomic_save, host_copy, load_trusted
 
 ENGINE_FILE = "engine.pt"  # the model, optimizer and loss-scaler states in a checkpoint folder
 
@@ -66,6 +67,15 @@ class ReplicatedEngine:
         if self.runtime.is_main:
             state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
             atomic_save(state | {"scaler": self.scaler.state_dict()}, folder / ENGINE_FILE)
+
+    def start_save(self, folder: Path) -> Callable[[], None]:
+        """What `save` writes, copied to host memory now (main process); returns the write,
+        for a background thread to run while training goes on."""
+        if not self.runtime.is_main:
+            return lambda: None
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        staged = host_copy(state | {"scaler": self.scaler.state_dict()})
+        return lambda: atomic_save(staged, folder / ENGINE_FILE)
 
     def load(self, folder: Path) -> None:
         """Load what `save` wrote: the model first, then the optimizer and the loss scale.

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import Tensor, nn
 from torch.distributed.checkpoint.api import CheckpointException
@@ -56,6 +57,7 @@ class Engine(ShardedEngine):
         self.model = materialize(model, runtime.device, config.seed, store=copy_shard)
         self.optimizer = make_optimizer(self.model)  # after sharding: it must hold the shards
         self.module = torch.compile(self.model) if config.compile else self.model
+        self.save_group: dist.ProcessGroup | None = None  # for background saves (start_save)
 
     def backward(self, loss: Tensor) -> None:
         """Backward of a 0-dim loss already divided for gradient accumulation."""
@@ -73,6 +75,17 @@ class Engine(ShardedEngine):
         torch.distributed.checkpoint (a collective: returns once all shards are on disk)."""
         model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
         dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder)
+
+    def start_save(self, folder: Path) -> Callable[[], None]:
+        """Copy this rank's shards of what `save` writes to host memory and write them into
+        `folder` in the background (torch.distributed.checkpoint's `async_save`); returns what
+        waits for the write. The write's collectives run on a gloo group of their own, made at
+        the first call (a collective), never interleaved with the training's."""
+        if self.save_group is None:
+            self.save_group = dist.new_group(backend="gloo")
+        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_state, "optimizer": optimizer_state}
+        return dcp.async_save(state, checkpoint_id=folder, process_group=self.save_group).result
 
     def load(self, folder: Path) -> None:
         """Load what `save` wrote into the sharded model and its optimizer (a collective).

@@ -16,6 +16,19 @@ from typing import Any
 import torch
 
 
+def host_copy(value: Any) -> Any:
+    """`value` (dicts, lists and tuples of tensors and plain values, as state dicts are) with
+    every tensor copied into host memory of its own: a snapshot training may go on changing
+    the original of. A CPU tensor is copied too (`.cpu()` would return the tensor itself)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: host_copy(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(host_copy(item) for item in value)
+    return value
+
+
 def atomic_save(obj: Any, path: Path) -> None:
     """`torch.save` to a temporary sibling, fsync it, rename it over `path`, fsync the folder."""
     atomic_write(path, lambda tmp: torch.save(obj, tmp))

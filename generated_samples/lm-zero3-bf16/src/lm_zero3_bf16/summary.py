@@ -55,6 +55,7 @@ def finish_run(
         checkpoint_dir=checkpoints.directory,
         early_stopped=state.early_stopped(config.early_stop_patience),
         resumed_from=resumed_from,
+        checkpoint_stalls=checkpoints.stall_seconds,
         files=files | plot_and_name_files(config, runtime),
     )
     if runtime.is_main:
@@ -106,6 +107,7 @@ def build_summary(
     checkpoint_dir: Path,
     early_stopped: bool,
     resumed_from: str | None,
+    checkpoint_stalls: list[float],
     files: dict[str, str | None],
 ) -> dict[str, Any]:
     """The run summary as plain values, for summary.json: run, global batch, LR schedule,
@@ -116,6 +118,9 @@ def build_summary(
     `stats` holds `samples` (all processes), `train_seconds` (training only, no validation) and
     `data_seconds` (waiting on the loader); rates are per second of training time.
     `parameters` is the model's parameter count, taken before any wrapper partitioned it.
+    `checkpoint_stalls` holds the seconds training waited in each of this launch's saves
+    (`CheckpointManager.stall_seconds`: the whole save, or with `async_checkpoint` the copy to
+    host memory and any wait for the save before it).
     """
     last = state.history[-1] if state.history else dict.fromkeys(METRICS, math.nan)
     best_pointer = checkpoint_dir / "best"  # names the best step folder
@@ -138,17 +143,30 @@ def build_summary(
         "initial_loss": state.initial_loss,
         "expected_initial_loss": EXPECTED_INITIAL_LOSS,
         "resumed_from": resumed_from,
+        "world_size_changes": state.world_size_changes,
         **{name: last[name] for name in METRICS},
         "best": {"value": state.best_value, "step": state.best_step, "epoch": state.best_epoch},
         "checkpoint": str(best or checkpoint_dir),
         "samples": stats["samples"],
         "data_time_share": stats["data_seconds"] / max(stats["train_seconds"], 1e-9),
         "train_seconds": stats["train_seconds"],
+        "checkpoint_saves": len(checkpoint_stalls),
+        "checkpoint_stall_seconds": sum(checkpoint_stalls),
+        "checkpoint_stall_max_seconds": max(checkpoint_stalls, default=0.0),
         "peak_memory_bytes": peak_memory_bytes(runtime.device),
         "files": files,
         "config": config.to_dict(),
     }
     return summary | throughput(summary)
+
+
+def _world_size_changes(summary: dict[str, Any]) -> str:
+    """One "; world size 2 -> 1 at step 40" per resume on another number of processes."""
+    return "".join(
+        f"; world size {change['saved_world_size']} -> {change['world_size']} at step "
+        f"{change['step']}"
+        for change in summary.get("world_size_changes", [])
+    )
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -164,7 +182,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{config['lr']:g} | **Steps:** {summary['steps']} in {summary['epochs_completed']} "
         f"epoch(s){' (early stop)' if summary['early_stopped'] else ''}",
         f"**Sanity:** initial loss {summary['initial_loss']:.4f} (expected "
-        f"{summary['expected_initial_loss']:.4f}); resumed from: {summary['resumed_from'] or 'no'}",
+        f"{summary['expected_initial_loss']:.4f}); resumed from: {summary['resumed_from'] or 'no'}"
+        f"{_world_size_changes(summary)}",
         _results(summary),
         f"**Throughput:** {describe_throughput(summary)} | data-loader time share "
         f"{summary['data_time_share']:.1%} | peak memory "

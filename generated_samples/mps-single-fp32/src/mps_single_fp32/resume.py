@@ -5,22 +5,32 @@ A resumed run replays the interrupted epoch from the loader generator's state at
 start, skipping the batches already trained on, then restores the RNG states saved with the
 checkpoint: the next batch, its random transforms and the dropout masks are bitwise the ones the
 interrupted run would have drawn.
+
+A resume on another number of processes (`allow_world_size_change`) keeps the global batch,
+split the way scaffold's planner splits it (`split_global_batch`), and continues the epoch's
+order (a shuffle of the seed and the epoch alone, the same at every world size) after the
+sequences already trained on: none twice, none skipped. The per-rank random streams cannot be
+carried over; they are derived afresh from the seed, the step and the rank (`derived_seed`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import random
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from .checkpoint import FORMAT_VERSION, Checkpoint, CheckpointManager
+from .checkpoint import FORMAT_VERSION, Checkpoint, CheckpointManager, find_latest
 from .config import Config
 from .loader import epoch_iterator
+from .progress import TrainState
 from .run_folder import NotARunFolder, holds_a_run, mark_as_a_run
 from .runtime import Runtime, any_process
 
@@ -31,6 +41,8 @@ from .runtime import Runtime, any_process
 RESUME_INVARIANTS = ("seed", "model_size", "micro_batch_size", "grad_accum_steps")
 RESUME_INVARIANTS += ("epochs", "lr", "min_lr_ratio", "warmup_steps", "weight_decay")
 RESUME_INVARIANTS += ("beta1", "beta2")
+# A resume on another world size keeps their product with it, the global batch, instead.
+BATCH_SPLIT = ("micro_batch_size", "grad_accum_steps")
 
 
 def seed_everything(seed: int) -> None:
@@ -65,6 +77,92 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     random.setstate((version, tuple(internal), gauss_next))
 
 
+def derived_seed(seed: int, step: int, rank: int) -> int:
+    """A seed in [0, 2**32) for `rank`'s random streams from optimizer step `step` on, the same
+    on every launch: the first 4 bytes of SHA-256 of "seed:step:rank" (numpy takes 32 bits)."""
+    digest = hashlib.sha256(f"{seed}:{step}:{rank}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def split_global_batch(global_batch: int, world_size: int, max_micro_batch: int) -> tuple[int, int]:
+    """(micro_batch_size, grad_accum_steps) that give `global_batch` samples per optimizer step
+    over `world_size` processes, as scaffold's planner splits a batch: the largest divisor of
+    the per-process samples that is at most `max_micro_batch` (the largest that fits), and the
+    accumulation that makes up the rest.
+
+    Raises:
+        ValueError: `global_batch` does not divide by `world_size`.
+    """
+    if global_batch % world_size:
+        raise ValueError(
+            f"the run's global batch of {global_batch} samples does not divide among "
+            f"{world_size} processes; launch a number of processes that divides {global_batch}"
+        )
+    per_process = global_batch // world_size
+    micro = max(d for d in range(1, min(per_process, max_micro_batch) + 1) if per_process % d == 0)
+    return micro, per_process // micro
+
+
+@dataclass(frozen=True)
+class WorldSizeChange:
+    """A resume on `world_size` processes of a checkpoint written by `saved_world_size` at
+    optimizer step `step`; each process now runs `grad_accum_steps` micro-batches of
+    `micro_batch_size` per step, so the global batch is the checkpoint's."""
+
+    step: int
+    saved_world_size: int
+    world_size: int
+    micro_batch_size: int
+    grad_accum_steps: int
+
+    def describe(self) -> str:
+        """One line for the log and the notice."""
+        return (
+            f"world size {self.saved_world_size} -> {self.world_size} at step {self.step} "
+            f"({self.micro_batch_size} x {self.grad_accum_steps} accumulation per process: "
+            "the same global batch, a different reduction order and new per-rank random streams)"
+        )
+
+
+def world_size_refusal(checkpoint: Checkpoint, config: Config, world_size: int) -> str | None:
+    """Why this run may not continue `checkpoint` on `world_size` processes, or None (the
+    same world size, or a change the config allows)."""
+    saved_world = len(checkpoint.state["ranks"])
+    if saved_world == world_size or config.allow_world_size_change:
+        return None
+    return (
+        f"{checkpoint.folder} was written by {saved_world} process(es) and this run has "
+        f"{world_size}; launch {saved_world}, or add --allow-world-size-change to continue "
+        f"on {world_size} with the same global batch (the numerics change slightly)"
+    )
+
+
+def fit_to_checkpoint(config: Config, world_size: int, resume: bool) -> Config:
+    """The config this run continues its latest checkpoint with. Reads files only: call it
+    before anything is built. With `allow_world_size_change`, the checkpoint's global batch is
+    kept: on another world size split anew (`split_global_batch`, at most the config's
+    `micro_batch_size` per micro-batch), on the same one as the checkpoint split it. Else, or
+    without `resume` or a checkpoint, `config` as it is.
+
+    Raises:
+        ValueError: the world size changed and `allow_world_size_change` is off (the message
+            says what to do); the global batch does not divide by the world size.
+    """
+    latest = find_latest(Path(config.run_dir) / "checkpoints") if resume else None
+    if latest is None:
+        return config
+    if not config.allow_world_size_change:
+        if reason := world_size_refusal(latest, config, world_size):
+            raise ValueError(reason)
+        return config
+    saved, saved_world = latest.state["config"], len(latest.state["ranks"])
+    if saved_world == world_size:
+        return dataclasses.replace(config, **{key: saved[key] for key in BATCH_SPLIT})
+    global_batch = saved["micro_batch_size"] * saved["grad_accum_steps"] * saved_world
+    micro, accumulation = split_global_batch(global_batch, world_size, config.micro_batch_size)
+    return dataclasses.replace(config, micro_batch_size=micro, grad_accum_steps=accumulation)
+
+
 class DataPosition:
     """This rank's RNG states and the train loader's generator state at the current epoch's
     start: a checkpoint component of its own on every rank (ranks draw differently)."""
@@ -73,14 +171,42 @@ class DataPosition:
         self.loader = loader
         self.epoch_start_state = loader.generator.get_state()
         self.pending_rng: dict[str, Any] | None = None
+        self.replay = True  # read the skipped batches again: their random streams are ours
 
     def begin_epoch(self, epoch: int, skip: int) -> Iterator:
         """The batches of `epoch` after the first `skip` (micro-batches already trained on)."""
-        iterator = epoch_iterator(self.loader, epoch, self.epoch_start_state, skip)
+        iterator = epoch_iterator(self.loader, epoch, self.epoch_start_state, skip, self.replay)
+        self.replay = True
         if self.pending_rng is not None:  # after the replay, so replayed reads shift no stream
             restore_rng_state(self.pending_rng)
             self.pending_rng = None
         return iterator
+
+    def batches_after(self, samples: int, world_size: int) -> int:
+        """This rank's micro-batches that hold the epoch's first `samples` samples (counted
+        over every rank), at this loader's micro-batch and `world_size`: micro-batch b of every
+        rank holds the order's samples [b, b + 1) x micro_batch_size x world_size.
+
+        Raises:
+            ValueError: `samples` ends inside a micro-batch (not at an optimizer step).
+        """
+        per_batch = self.loader.sampler.batch_size * world_size
+        if samples % per_batch:
+            raise ValueError(
+                f"the checkpoint's data position ({samples} samples into the epoch) is not a "
+                f"whole number of {per_batch}-sample micro-batches; resume it on the process "
+                "count that wrote it"
+            )
+        return min(samples // per_batch, self.batches)
+
+    def start_afresh(self, seed: int, step: int, rank: int) -> None:
+        """Carry on without this rank's saved streams (a checkpoint of another world size):
+        seed every RNG and the loader generator from `derived_seed(seed, step, rank)`, and let
+        the next `begin_epoch` skip the batches trained on without reading them."""
+        derived = derived_seed(seed, step, rank)
+        seed_everything(derived)
+        self.epoch_start_state = torch.Generator().manual_seed(derived).get_state()
+        self.pending_rng, self.replay = None, False
 
     @property
     def batches(self) -> int:
@@ -102,11 +228,13 @@ class DataPosition:
 
 
 def check_resumable(checkpoint: Checkpoint, config: Config, world_size: int) -> None:
-    """Refuse a checkpoint this run cannot continue exactly.
+    """Refuse a checkpoint this run cannot continue: exactly, or on another world size where
+    the config allows it (`world_size_refusal`), with the same global batch.
 
     Raises:
-        ValueError: another checkpoint format, another process count, or a changed
-            `RESUME_INVARIANTS` or task data setting.
+        ValueError: another checkpoint format, a process count `world_size_refusal` refuses,
+            or a changed `RESUME_INVARIANTS` or task data setting (on another world size the
+            global batch stands in for micro_batch_size and grad_accum_steps).
     """
     saved_format = checkpoint.state.get("format", 1)
     if saved_format != FORMAT_VERSION:
@@ -115,13 +243,19 @@ def check_resumable(checkpoint: Checkpoint, config: Config, world_size: int) -> 
             f"format {FORMAT_VERSION}; resume it with the project version that wrote it"
         )
     saved_world = len(checkpoint.state["ranks"])
-    if saved_world != world_size:
-        raise ValueError(
-            f"cannot resume {saved_world}-process checkpoints with {world_size} processes; "
-            "launch as many as the checkpoint had"
-        )
+    if reason := world_size_refusal(checkpoint, config, world_size):
+        raise ValueError(reason)
     saved = checkpoint.state["config"]
     keys = RESUME_INVARIANTS + config.task_resume_keys
+    if saved_world != world_size:
+        keys = tuple(key for key in keys if key not in BATCH_SPLIT)
+        saved_batch = saved["micro_batch_size"] * saved["grad_accum_steps"] * saved_world
+        if config.global_batch_size(world_size) != saved_batch:
+            raise ValueError(
+                f"cannot resume with a global batch of {config.global_batch_size(world_size)} "
+                f"(the checkpoint has {saved_batch}); keep micro_batch_size x "
+                f"grad_accum_steps x processes at {saved_batch} or pass run_dir=NEW"
+            )
     changed = [key for key in keys if saved.get(key) != getattr(config, key)]
     derived = [key for key in changed if key not in {f.name for f in dataclasses.fields(config)}]
     if derived:  # not settings one can pass back: values the task derives from its data
@@ -154,15 +288,23 @@ def enter_run_folder(config: Config, runtime: Runtime, resume: bool) -> None:
 
 
 def start_or_resume(
-    checkpoints: CheckpointManager, config: Config, runtime: Runtime, resume: bool
+    checkpoints: CheckpointManager,
+    state: TrainState,
+    runtime: Runtime,
+    resume: bool,
 ) -> str | None:
-    """With `resume`, restore the latest complete checkpoint and return its folder (None when
-    there is none yet); without, check the run folder is free to start in.
+    """With `resume`, restore the latest complete checkpoint into `checkpoints`' engine and
+    components and `state` (`TrainState`, one of them) and return its folder (None when there
+    is none yet); without, check the run folder is free to start in. A checkpoint of another
+    world size (`fit_to_checkpoint` fitted the config to it) continues at its data position,
+    with new per-rank random streams (`DataPosition.start_afresh`), and the change is
+    appended to `state.world_size_changes` (a `WorldSizeChange` as a dict).
 
     Raises:
         ValueError: starting over in a folder that holds a run (it would mix two runs);
             resuming where checkpoints exist but none loads, or `check_resumable` refuses.
     """
+    config = checkpoints.config
     if not resume:
         if checkpoints.has_checkpoints():
             raise ValueError(
@@ -182,14 +324,33 @@ def start_or_resume(
     check_resumable(candidates[0], config, runtime.world_size)
     for checkpoint in candidates[:-1]:
         try:
-            return _restore(checkpoints, checkpoint, runtime)
+            return _restore(checkpoints, checkpoint, state)
         except ValueError as error:  # every process or none fails: loads are collectives
             runtime.notice(f"{error}; trying the checkpoint before it")
-    return _restore(checkpoints, candidates[-1], runtime)
+    return _restore(checkpoints, candidates[-1], state)
 
 
-def _restore(checkpoints: CheckpointManager, checkpoint: Checkpoint, runtime: Runtime) -> str:
+def _restore(checkpoints: CheckpointManager, checkpoint: Checkpoint, state: TrainState) -> str:
+    config, runtime = checkpoints.config, checkpoints.runtime
     if checkpoint.fallback:
         runtime.notice(f"resuming from {checkpoint.folder}, not the one `last` names")
-    checkpoints.restore(checkpoint)
+    saved_world = len(checkpoint.state["ranks"])
+    if saved_world == runtime.world_size:
+        checkpoints.restore(checkpoint)
+        return str(checkpoint.folder)
+    if reason := world_size_refusal(checkpoint, config, runtime.world_size):
+        raise ValueError(reason)
+    checkpoints.restore(checkpoint, rank_states=False)
+    saved_micro = checkpoint.state["config"]["micro_batch_size"]
+    saved_epoch = len(state.data.loader.dataset) // saved_world // saved_micro
+    if state.batch_in_epoch >= saved_epoch:  # the epoch's last step: done here too
+        state.batch_in_epoch = state.data.batches
+    else:
+        samples = state.batch_in_epoch * saved_micro * saved_world
+        state.batch_in_epoch = state.data.batches_after(samples, runtime.world_size)
+    state.data.start_afresh(config.seed, state.step, runtime.rank)
+    split = (config.micro_batch_size, config.grad_accum_steps)
+    change = WorldSizeChange(state.step, saved_world, runtime.world_size, *split)
+    state.world_size_changes.append(dataclasses.asdict(change))
+    runtime.notice(f"resuming {checkpoint.folder}: {change.describe()}")
     return str(checkpoint.folder)

@@ -7,6 +7,7 @@ stop signal ends a run at a step with a checkpoint; inf/NaN steps are never save
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from collections.abc import Iterable
@@ -28,7 +29,13 @@ from .optim import build_optimizer, build_scheduler
 from .profiling import ProfileWindow
 from .progress import TrainState
 from .report import RunLog
-from .resume import DataPosition, enter_run_folder, seed_everything, start_or_resume
+from .resume import (
+    DataPosition,
+    enter_run_folder,
+    fit_to_checkpoint,
+    seed_everything,
+    start_or_resume,
+)
 from .runtime import Runtime, init_runtime, shutdown_runtime
 from .safeguards import Safeguards
 from .summary import finish_run
@@ -67,6 +74,8 @@ class Trainer:
     def __init__(self, config: Config, runtime: Runtime, resume: bool = False):
         if runtime.device.type == "cpu":  # activations in host memory: keep them mapped
             keep_freed_memory()
+        # The batch split a checkpoint of another world size needs, before anything uses it.
+        config = fit_to_checkpoint(config, runtime.world_size, resume)
         seed_everything(config.seed)  # the same split and first shuffle on every rank
         self.config, self.runtime = config, runtime
         train_set, val_set = build_datasets(config)
@@ -84,7 +93,7 @@ class Trainer:
         shared = {"scheduler": self.scheduler, "progress": self.state}
         per_rank = {"data_position": self.state.data}
         self.checkpoints = CheckpointManager(config, runtime, self.engine, shared, per_rank)
-        self.resumed_from = start_or_resume(self.checkpoints, config, runtime, resume)
+        self.resumed_from = start_or_resume(self.checkpoints, self.state, runtime, resume)
         self.guards = Safeguards(config, self.engine)
         self.log.also_log(self.guards.values)
         self.checkpointer = Checkpointer(config, self.checkpoints, self.state, self.guards)
@@ -97,7 +106,8 @@ class Trainer:
         if not state.finished(config):  # a resumed run that had ended records nothing
             self.log.start_run(state, self.resumed_from)
             self.profiler.at_step(state.step)
-        with self.guards, self.log, self.profiler:  # closed in reverse: the guards let go last
+        # Closed in reverse: a background save finishes first, and the guards let go last.
+        with self.guards, self.log, self.profiler, contextlib.closing(self.checkpoints):
             while not state.finished(config) and self.train_epoch():  # False: stopped mid-epoch
                 metrics = evaluate(self.engine, self.val_loader, self.checkpointer.stop_on_signal)
                 state.record_validation(metrics, config.monitor)

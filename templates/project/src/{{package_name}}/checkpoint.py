@@ -7,14 +7,25 @@ as `.step-<N>.partial/` and renamed once whole, and only folders with the marker
 a job killed mid-save never leaves a checkpoint that looks valid. `last` and `best` are one-line
 files naming a step folder; pruning keeps the newest `keep_last` folders and the two named.
 Every file loads with `torch.load(path, weights_only=True)`: no pickled code runs on load.
+
+With `async_checkpoint`, a save copies the state to host memory at the step it is due and a
+background thread writes it, while training goes on: the same files in the same order, the
+marker and the rename only after every file is written and fsynced, then `last` and `best`.
+A second save waits for the first; so do a stop signal's exit, the end of the run and its
+weight export (`CheckpointManager.wait`). A job killed during a background write leaves its
+`.partial` folder, which the next start removes: the resume takes the checkpoint before it.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import os
 import shutil
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -44,9 +55,13 @@ class Stateful(Protocol):
 
 
 class EngineState(Protocol):
-    """The engine: writes and reads its own files in a checkpoint folder (collectives)."""
+    """The engine: writes and reads its own files in a checkpoint folder (collectives).
+    `start_save` (engines that save in the background: the config refuses `async_checkpoint`
+    for the others) copies what `save` writes to host memory and returns the write."""
 
     def save(self, folder: Path) -> None: ...
+
+    def start_save(self, folder: Path) -> Callable[[], None]: ...
 
     def load(self, folder: Path) -> None: ...
 
@@ -134,6 +149,11 @@ class CheckpointManager:
         self.components = components
         self.rank_components = rank_components
         self.config = config
+        self.writer: ThreadPoolExecutor | None = None  # one thread: saves written in order
+        if config.async_checkpoint:
+            self.writer = ThreadPoolExecutor(1, "checkpoint-writer")
+        self.in_flight: Future | None = None
+        self.stall_seconds: list[float] = []  # the training thread's time in each save
 
     def has_checkpoints(self) -> bool:
         """True if the checkpoint folder holds a checkpoint, loadable or not (a killed save's
@@ -146,35 +166,87 @@ class CheckpointManager:
         return list(complete_checkpoints(self.directory))
 
     def save(self, step: int, is_best: bool) -> None:
-        """Write checkpoint `step-<step>/`; `is_best` also points `best` at it."""
+        """Write checkpoint `step-<step>/`; `is_best` also points `best` at it. With
+        `async_checkpoint`, return once the state is in host memory, the write under way in
+        the background (after the save before it has finished: `wait`). The seconds the
+        calling thread spent here are appended to `stall_seconds`."""
+        start = time.perf_counter()
+        self.wait()
         name = step_folder_name(step)
         partial = self.directory / f".{name}.partial"
         if self.runtime.is_main:
             shutil.rmtree(partial, ignore_errors=True)  # what a killed save left behind
             partial.mkdir(parents=True)
         barrier(self.runtime)
-        self.engine.save(partial)  # returns once every rank has written its part
+        if self.writer is not None:
+            write_engine = self.engine.start_save(partial)
+        else:
+            self.engine.save(partial)  # returns once every rank has written its part
+            write_engine = None
         mine = {key: component.state_dict() for key, component in self.rank_components.items()}
         ranks = gather_objects(mine, self.runtime)
+        state = None
         if self.runtime.is_main:
             shared = {key: component.state_dict() for key, component in self.components.items()}
             state = {"components": shared, "ranks": ranks, "config": self.config.to_dict()}
-            state["format"] = FORMAT_VERSION
-            atomic_save(state, partial / TRAINER_FILE)
-            atomic_write_text(name + "\n", partial / COMPLETE_MARKER)
-            final = self.directory / name
-            shutil.rmtree(final, ignore_errors=True)  # the same step saved again after a resume
-            os.replace(partial, final)
-            fsync_dir(self.directory)
-            atomic_write_text(name + "\n", self.directory / "last")
-            if is_best:
-                atomic_write_text(name + "\n", self.directory / "best")
-            self._prune()
+            state = copy.deepcopy(state) | {"format": FORMAT_VERSION}  # training goes on
+        finish = functools.partial(self._finish, partial, state, is_best, write_engine)
+        if self.writer is not None:
+            self.in_flight = self.writer.submit(finish)
+        else:
+            finish()
+            barrier(self.runtime)
+        self.stall_seconds.append(time.perf_counter() - start)
+
+    def _finish(
+        self,
+        partial: Path,
+        state: dict[str, Any] | None,
+        is_best: bool,
+        write_engine: Callable[[], None] | None,
+    ) -> None:
+        """The rest of a save once the state is staged: the engine's own write (if it was not
+        done in `save`), then on the main process `trainer.pt`, the marker, the rename, the
+        pointers and the pruning."""
+        if write_engine is not None:
+            write_engine()  # on the main process, once every rank's part is on disk
+        if state is None:
+            return
+        name = partial.name.removeprefix(".").removesuffix(".partial")
+        atomic_save(state, partial / TRAINER_FILE)
+        atomic_write_text(name + "\n", partial / COMPLETE_MARKER)
+        final = self.directory / name
+        shutil.rmtree(final, ignore_errors=True)  # the same step saved again after a resume
+        os.replace(partial, final)
+        fsync_dir(self.directory)
+        atomic_write_text(name + "\n", self.directory / "last")
+        if is_best:
+            atomic_write_text(name + "\n", self.directory / "best")
+        self._prune()
+
+    def wait(self) -> None:
+        """Return once the background save in flight (if any) is complete on disk, `last`
+        naming it. A collective, like `save`.
+
+        Raises:
+            What the background write raised (a full disk...).
+        """
+        if self.in_flight is None:
+            return
+        in_flight, self.in_flight = self.in_flight, None
+        in_flight.result()
         barrier(self.runtime)
 
-    def restore(self, checkpoint: Checkpoint) -> None:
+    def close(self) -> None:
+        """Let the background write in flight finish, on this process alone (a run ending on
+        an error: no collective), and stop the writer thread."""
+        if self.writer is not None:
+            self.writer.shutdown(wait=True)
+
+    def restore(self, checkpoint: Checkpoint, rank_states: bool = True) -> None:
         """Load `checkpoint` into the engine first (model, then optimizer), then the components,
-        then this rank's own states.
+        then, with `rank_states`, this rank's own states (a checkpoint of another world size
+        holds none that are this rank's).
 
         Raises:
             ValueError: the engine's files do not load: torn, or their tensors do not fit
@@ -192,6 +264,8 @@ class CheckpointManager:
             ) from error
         for key, component in self.components.items():
             component.load_state_dict(checkpoint.state["components"][key])
+        if not rank_states:
+            return
         mine = checkpoint.state["ranks"][self.runtime.rank]
         for key, component in self.rank_components.items():
             component.load_state_dict(mine[key])
@@ -211,6 +285,7 @@ class CheckpointManager:
         Returns:
             The run summary's entries: {"best_weights": path or None, "last_weights": path}.
         """
+        self.wait()  # the best checkpoint may be the one still being written
         last = self._export(LAST_WEIGHTS_FILE, {"weights": "last", "step": str(state.step)})
         if state.best_step < 0:
             return {"best_weights": None, "last_weights": last}

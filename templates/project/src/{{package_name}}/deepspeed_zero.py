@@ -6,6 +6,12 @@ ZeRO partitions across ranks the optimizer state (stage 1), the gradients (stage
 parameters (stage 3) (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training
 Trillion Parameter Models"; deepspeed.ai/docs/config-json). `engine.py`'s `Engine` subclasses
 `ZeroEngine` and says how the model reaches DeepSpeed.
+
+A checkpoint is DeepSpeed's own: each rank's partition of the optimizer state in a file of its
+own, which only as many ranks can load. Each one records what DeepSpeed's converter to its
+universal format needs (`universal_checkpoint_info`), and a load on another number of processes
+converts it first (`deepspeed.checkpoint.ds_to_universal`) and loads the universal form, which
+any number of ranks can (deepspeed.ai/tutorials/universal-checkpointing).
 """
 
 from __future__ import annotations
@@ -13,15 +19,27 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import deepspeed
 import torch
+from deepspeed.checkpoint.constants import (
+    UNIVERSAL_CHECKPOINT_INFO,
+    UNIVERSAL_CHECKPOINT_VERSION_KEY,
+    UNIVERSAL_CHECKPOINT_VERSION_VALUE,
+)
 from torch import Tensor, nn
 
 from .config import Config
-from .runtime import Runtime
+from .runtime import Runtime, any_process, barrier
+
+# Each rank's optimizer partition in a checkpoint folder: as many files as ranks saved it.
+PARTITION_FILES = "zero_pp_rank_*_mp_rank_00_optim_states.pt"
+UNIVERSAL_INFO = {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE}
 
 DS_CONFIG_PATH = Path(__file__).with_name("ds_config.json")
 # DeepSpeedConfig ignores keys it does not know, so a misspelt setting would change nothing
@@ -172,8 +190,13 @@ class ZeroEngine:
 
     def save(self, folder: Path) -> None:
         """DeepSpeed's `save_checkpoint` into `folder`: every rank writes its partitions (a
-        collective)."""
-        self.module.save_checkpoint(str(folder.parent), tag=folder.name, save_latest=False)
+        collective), with the `universal_checkpoint_info` a conversion needs."""
+        self.module.save_checkpoint(
+            str(folder.parent),
+            tag=folder.name,
+            save_latest=False,
+            client_state={UNIVERSAL_CHECKPOINT_INFO: UNIVERSAL_INFO},
+        )
 
     def load(self, folder: Path) -> None:
         """Load what `save` wrote (a collective); the schedule's state is the checkpoint's own.
@@ -186,6 +209,9 @@ class ZeroEngine:
             ValueError: DeepSpeed found no checkpoint in `folder`.
         """
         self.module.optimizer.zero_grad(set_to_none=True)
+        if len(list(folder.glob(PARTITION_FILES))) not in (0, self.runtime.world_size):
+            self._load_universal(folder)
+            return
         path, _ = self.module.load_checkpoint(
             str(folder.parent),
             tag=folder.name,
@@ -195,6 +221,47 @@ class ZeroEngine:
         )
         if path is None:
             raise ValueError(f"DeepSpeed found no checkpoint in {folder}; move it away")
+
+    def _load_universal(self, folder: Path) -> None:
+        """Load `folder`, written by another number of ranks: the main process converts it to
+        DeepSpeed's universal format beside it (`.<name>.universal.partial`, a temporary that
+        the next start removes if a kill interrupts this), every rank loads its part of that,
+        and the conversion is deleted.
+
+        Raises:
+            ValueError: the conversion failed (its last line says why).
+        """
+        universal = folder.parent / f".{folder.name}.universal.partial"
+        failure = ""
+        if self.runtime.is_main:
+            shutil.rmtree(universal, ignore_errors=True)
+            command = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal"]
+            command += ["--input_folder", str(folder), "--output_folder", str(universal)]
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode != 0:
+                failure = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        if any_process(bool(failure), self.runtime):
+            reason = failure or "see the main process"
+            raise ValueError(
+                f"DeepSpeed could not convert {folder} to its universal format ({reason}); "
+                "resume it on the process count that wrote it"
+            )
+        # DeepSpeed reads the choice from its config alone, fixed when the engine was built;
+        # only this load is of the universal format.
+        self.module._config.load_universal_checkpoint = True
+        try:
+            self.module.load_checkpoint(
+                str(universal.parent),
+                tag=universal.name,
+                load_optimizer_states=True,
+                load_lr_scheduler_states=False,
+                load_module_strict=True,
+            )
+        finally:
+            self.module._config.load_universal_checkpoint = False
+        barrier(self.runtime)
+        if self.runtime.is_main:
+            shutil.rmtree(universal)
 
     def full_state_dict(self) -> dict[str, Tensor]:
         """The bare model's whole state dict on the CPU of every rank, in fp32 (a collective
