@@ -11,6 +11,9 @@ split the way scaffold's planner splits it (`split_global_batch`), and continues
 order (a shuffle of the seed and the epoch alone, the same at every world size) after the
 sequences already trained on: none twice, none skipped. The per-rank random streams cannot be
 carried over; they are derived afresh from the seed, the step and the rank (`derived_seed`).
+An epoch drops the last samples that do not fill a micro-batch on every rank: with another
+micro-batch x world size, that tail may hold fewer or more samples (less than one micro-batch
+per rank).
 """
 
 from __future__ import annotations
