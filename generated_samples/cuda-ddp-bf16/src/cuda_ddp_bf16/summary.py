@@ -188,7 +188,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"**Throughput:** {describe_throughput(summary)} | data-loader time share "
         f"{summary['data_time_share']:.1%} | peak memory "
         f"{summary['peak_memory_bytes'] / 2**20:,.0f} MiB | "
-        f"train time {summary['train_seconds']:.1f} s",
+        f"train time {summary['train_seconds']:.1f} s | checkpoints: "
+        f"{summary.get('checkpoint_stall_seconds', 0.0):.2f} s waited over "
+        f"{summary.get('checkpoint_saves', 0)} save(s)",
         _files(summary),
     ]
     return "\n".join(lines) + "\n"

@@ -122,8 +122,9 @@ class WorldSizeChange:
         """One line for the log and the notice."""
         return (
             f"world size {self.saved_world_size} -> {self.world_size} at step {self.step} "
-            f"({self.micro_batch_size} x {self.grad_accum_steps} accumulation per process: "
-            "the same global batch, a different reduction order and new per-rank random streams)"
+            f"(per process: micro-batch {self.micro_batch_size} x {self.grad_accum_steps} "
+            "accumulation steps; the same global batch, another reduction order, new per-rank "
+            "random streams)"
         )
 
 
