@@ -7,12 +7,14 @@ background thread writes.
 
 `SCAFFOLD_KILLS` sets the number of kills per sample (CI: 2, one at the start of a save,
 which tears a checkpoint, and one at a random moment of training; the figures in the issue
-note: 50). Kills alternate between the two. Each kill is a SIGKILL to the whole process group,
-the way an out-of-memory killer or a lost node ends a job: no handler runs.
+note: 50). Kills alternate between the two. Each kill is a SIGKILL to the launched process, its
+group and every process below it (torchrun's ranks run in sessions of their own), the way an
+out-of-memory killer or a lost node ends a job: no handler runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -107,10 +109,34 @@ def kill_at_random(
     if process.poll() is not None:
         return False
     in_save = saving(run_dir)
-    os.killpg(process.pid, signal.SIGKILL)
+    kill_job(process)
     process.wait()
     wait_for_lock_release(run_dir)
     return in_save
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (Linux's /proc/<pid>/task/<tid>/children), children first."""
+    found = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            kids = [int(child) for child in children.read_text().split()]
+        except OSError:  # the thread ended meanwhile
+            continue
+        for kid in kids:
+            found += [kid, *descendants(kid)]
+    return found
+
+
+def kill_job(process: subprocess.Popen) -> None:
+    """SIGKILL the launched process's group and every process below it. torchrun starts each
+    rank in a session of its own, so its group alone would leave the ranks running, orphaned,
+    to the end of the run: the kill must reach them as a node loss would."""
+    below = descendants(process.pid)
+    os.killpg(process.pid, signal.SIGKILL)
+    for pid in below:
+        with contextlib.suppress(ProcessLookupError):  # it ended with its parent's group
+            os.kill(pid, signal.SIGKILL)
 
 
 def wait_for_lock_release(run_dir: Path, seconds: float = 60) -> None:
