@@ -128,6 +128,12 @@ class WorldSizeChange:
         )
 
 
+def saved_global_batch(checkpoint: Checkpoint) -> int:
+    """Samples per optimizer step of the run that wrote `checkpoint`, over all its processes."""
+    saved = checkpoint.state["config"]
+    return saved["micro_batch_size"] * saved["grad_accum_steps"] * len(checkpoint.state["ranks"])
+
+
 def world_size_refusal(checkpoint: Checkpoint, config: Config, world_size: int) -> str | None:
     """Why this run may not continue `checkpoint` on `world_size` processes, or None (the
     same world size, or a change the config allows)."""
@@ -155,14 +161,14 @@ def fit_to_checkpoint(config: Config, world_size: int, resume: bool) -> Config:
     latest = find_latest(Path(config.run_dir) / "checkpoints") if resume else None
     if latest is None:
         return config
+    if reason := world_size_refusal(latest, config, world_size):
+        raise ValueError(reason)
     if not config.allow_world_size_change:
-        if reason := world_size_refusal(latest, config, world_size):
-            raise ValueError(reason)
         return config
-    saved, saved_world = latest.state["config"], len(latest.state["ranks"])
-    if saved_world == world_size:
+    if len(latest.state["ranks"]) == world_size:
+        saved = latest.state["config"]
         return dataclasses.replace(config, **{key: saved[key] for key in BATCH_SPLIT})
-    global_batch = saved["micro_batch_size"] * saved["grad_accum_steps"] * saved_world
+    global_batch = saved_global_batch(latest)
     micro, accumulation = split_global_batch(global_batch, world_size, config.micro_batch_size)
     return dataclasses.replace(config, micro_batch_size=micro, grad_accum_steps=accumulation)
 
@@ -253,7 +259,7 @@ def check_resumable(checkpoint: Checkpoint, config: Config, world_size: int) -> 
     keys = RESUME_INVARIANTS + config.task_resume_keys
     if saved_world != world_size:
         keys = tuple(key for key in keys if key not in BATCH_SPLIT)
-        saved_batch = saved["micro_batch_size"] * saved["grad_accum_steps"] * saved_world
+        saved_batch = saved_global_batch(checkpoint)
         if config.global_batch_size(world_size) != saved_batch:
             raise ValueError(
                 f"cannot resume with a global batch of {config.global_batch_size(world_size)} "

@@ -173,7 +173,7 @@ class CheckpointManager:
         start = time.perf_counter()
         self.wait()
         name = step_folder_name(step)
-        partial = self.directory / f".{name}.partial"
+        partial = self._partial(name)
         if self.runtime.is_main:
             shutil.rmtree(partial, ignore_errors=True)  # what a killed save left behind
             partial.mkdir(parents=True)
@@ -190,7 +190,7 @@ class CheckpointManager:
             shared = {key: component.state_dict() for key, component in self.components.items()}
             state = {"components": shared, "ranks": ranks, "config": self.config.to_dict()}
             state = copy.deepcopy(state) | {"format": FORMAT_VERSION}  # training goes on
-        finish = functools.partial(self._finish, partial, state, is_best, write_engine)
+        finish = functools.partial(self._finish, name, state, is_best, write_engine)
         if self.writer is not None:
             self.in_flight = self.writer.submit(finish)
         else:
@@ -200,19 +200,19 @@ class CheckpointManager:
 
     def _finish(
         self,
-        partial: Path,
+        name: str,
         state: dict[str, Any] | None,
         is_best: bool,
         write_engine: Callable[[], None] | None,
     ) -> None:
-        """The rest of a save once the state is staged: the engine's own write (if it was not
-        done in `save`), then on the main process `trainer.pt`, the marker, the rename, the
-        pointers and the pruning."""
+        """The rest of checkpoint `name`'s save once the state is staged: the engine's own
+        write (if it was not done in `save`), then on the main process `trainer.pt`, the
+        marker, the rename of its `.partial` folder, the pointers and the pruning."""
         if write_engine is not None:
             write_engine()  # on the main process, once every rank's part is on disk
         if state is None:
             return
-        name = partial.name.removeprefix(".").removesuffix(".partial")
+        partial = self._partial(name)
         atomic_save(state, partial / TRAINER_FILE)
         atomic_write_text(name + "\n", partial / COMPLETE_MARKER)
         final = self.directory / name
@@ -305,6 +305,10 @@ class CheckpointManager:
             metadata = {**metadata, "config": json.dumps(self.config.to_dict())}
             atomic_write(path, lambda tmp: _save_readable(tensors, tmp, metadata))
         return str(path)
+
+    def _partial(self, name: str) -> Path:
+        """Where checkpoint `name` is written before its rename (hidden, never loaded)."""
+        return self.directory / f".{name}.partial"
 
     def _prune(self) -> None:
         keep = {_pointed(self.directory, "last"), _pointed(self.directory, "best")}
