@@ -224,7 +224,7 @@ def _print_next_steps(answers: Answers, dest: Path) -> None:
     for command in install_commands(answers):
         print(f"  {command}")
     print("  pytest")
-    launches = launch_commands(answers)
+    launches = [preflight_command(answers), *launch_commands(answers)]
     width = max(len(command) for command, _ in launches) + 2
     for command, what in launches:
         print(f"  {command:<{width}}# {what}")
@@ -236,6 +236,19 @@ def install_commands(answers: Answers) -> list[str]:
     never loads), then the project with its dev extra."""
     cpu_torch = ["pip install torch --index-url https://download.pytorch.org/whl/cpu"]
     return [*(cpu_torch if answers.hardware == "cpu" else []), 'pip install -e ".[dev]"']
+
+
+def preflight_command(answers: Answers) -> tuple[str, str]:
+    """(command, what it does) of the project's check of its machines before a launch (the
+    README's "Before a long launch" section), started as the planned launch is."""
+    checks = "devices, code, disk, one step and checkpoint"
+    if answers.strategy == "single":
+        command = f"python -m {answers.package_name}.preflight"
+        return (command, f"checks this machine first: {checks}")
+    if answers.num_nodes > 1 and answers.framework != "accelerate":
+        what = f"checks the allocation first, on each node ({checks}); sbatch runs it itself"
+        return ("HEAD_NODE=<first node> bash launch/preflight.sh", what)
+    return ("bash launch/preflight.sh", f"checks the allocation first: {checks}")
 
 
 def launch_commands(answers: Answers) -> list[tuple[str, str]]:

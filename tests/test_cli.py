@@ -15,6 +15,8 @@ from conftest import REPO_ROOT, run_scaffold, snapshot
 
 DEFAULT_FILES = {
     ".copier-answers.yml",
+    ".dockerignore",
+    "Dockerfile",
     ".github/workflows/tests.yml",
     ".gitignore",
     "README.md",
@@ -32,6 +34,7 @@ DEFAULT_FILES = {
     "tests/test_loop.py",
     "tests/test_model.py",
     "tests/test_optim.py",
+    "tests/test_preflight.py",
     "tests/test_reliability.py",
     "tests/test_reports.py",
     "tests/test_train.py",
@@ -52,8 +55,13 @@ DEFAULT_FILES = {
         "model",
         "nonfinite",
         "optim",
+        "planned",
         "plot",
         "preemption",
+        "preflight",
+        "preflight_checks",
+        "preflight_facts",
+        "preflight_step",
         "profiling",
         "progress",
         "replicated",
@@ -77,8 +85,10 @@ def test_new_with_defaults_renders_commits_and_records_answers(tmp_path):
     result = run_scaffold("new", "demo", "--defaults", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     project = tmp_path / "demo"
-    assert set(snapshot(project)) == DEFAULT_FILES
     answers = (project / ".copier-answers.yml").read_text()
+    # The probe answers mps on an Apple GPU, which no container reaches.
+    containers = {".dockerignore", "Dockerfile"} if "hardware: mps" in answers else set()
+    assert set(snapshot(project)) == DEFAULT_FILES - containers
     assert "_src_path: ~/.cache/scaffold/template-repo" in answers
     assert "_commit: v0.1.0" in answers
     assert "precision: fp32" in answers and "strategy: single" in answers
@@ -453,13 +463,14 @@ LAUNCHES = {
 @pytest.mark.parametrize("variant", list(LAUNCHES))
 def test_the_next_steps_launch_each_plan_with_a_launcher_its_project_has(variant):
     from scaffold.answers import build_answers, merge_sources
-    from scaffold.cli import launch_commands
+    from scaffold.cli import launch_commands, preflight_command
     from scaffold.planner import plan
     from scaffold.variants import VARIANTS
 
     answers = plan(build_answers(merge_sources(VARIANTS[variant], {"project_name": variant})))
     commands = [command for command, _ in launch_commands(answers.answers)]
     assert commands[0] == LAUNCHES[variant]
+    commands.append(preflight_command(answers.answers)[0])
     sample = REPO_ROOT / "generated_samples" / variant
     for script in re.findall(r"launch/\S+", " ".join(commands)):
         assert (sample / script).is_file(), script

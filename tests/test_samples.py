@@ -109,7 +109,8 @@ FRAMEWORK_WORDS = {
 }
 PRECISION_WORDS = {"bf16": ["bf16", "bfloat16"], "fp16": [r"\bfp16", r"\bfloat16"]}
 TASK_WORDS = {
-    "image-classification": ["digits", "[Ii]mage", r"\bCNN\b", "augment", "pixel"],
+    # `image:` is the container's, in a Kubernetes manifest (launch/trainjob.yaml).
+    "image-classification": ["digits", "[Ii]mage(?!:)", r"\bCNN\b", "augment", "pixel"],
     "language-model": ["[Tt]oken", r"\bMFU\b", "language model", "corpus", "block_size"],
 }
 
@@ -176,9 +177,11 @@ def test_config_defaults_equal_the_rendered_train_toml(variant):
 
 def test_the_mps_project_differs_from_the_cpu_one_only_in_its_device():
     """hardware=mps renders the CPU project with `device = "mps"`: the configured device, the
-    README's word for the hardware and its MPS section, the MPS tests (one of them the CPU twin
-    of the device's resolution), and the plan's note of usable memory (3/4 of unified memory on
-    MPS); no other line changes."""
+    README's word for the hardware and its MPS section (and no container section), the planned
+    allocation's device (planned.py), the MPS tests
+    (one of them the CPU twin of the device's resolution), and the plan's note of usable memory
+    (3/4 of unified memory on MPS); no other line changes, and no container files (a container
+    reaches no Apple GPU)."""
 
     def lines(variant: str) -> dict[str, list[str]]:
         root = SAMPLES / variant
@@ -192,15 +195,19 @@ def test_the_mps_project_differs_from_the_cpu_one_only_in_its_device():
         }
 
     cpu, mps = lines("cpu-single-fp32"), lines("mps-single-fp32")
-    assert cpu.keys() == mps.keys()
-    changed = {path for path in cpu if cpu[path] != mps[path]}
+    assert cpu.keys() - mps.keys() == {"Dockerfile", ".dockerignore"}, "a container has no MPS"
+    assert mps.keys() <= cpu.keys()
+    changed = {path for path in mps if cpu[path] != mps[path]}
     assert changed == {
         ".copier-answers.yml",
         "README.md",
         "configs/train.toml",
         "src/PACKAGE/config.py",
+        "src/PACKAGE/planned.py",
         "tests/test_loop.py",
     }
+    cpu_planned, mps_planned = (found["src/PACKAGE/planned.py"] for found in (cpu, mps))
+    assert [line for line in mps_planned if line not in cpu_planned] == ['    device="mps",']
     for path in ("configs/train.toml", "src/PACKAGE/config.py"):
         removed = [line for line in cpu[path] if line not in mps[path]]
         added = [line for line in mps[path] if line not in cpu[path]]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import struct
@@ -41,6 +42,7 @@ TEST_OVERRIDES = [f"{key}={json.dumps(value)}" for key, value in TEST_SETTINGS.i
 # What a training run imports, on its way too (the first optimizer step imports torch._dynamo):
 # imported once, by the launcher's server.
 RUN_IMPORTS += ["cuda_single_bf16.train", "torch._dynamo", "torch.utils.tensorboard"]
+RUN_IMPORTS.append("cuda_single_bf16.preflight")  # the preflight's rehearsal trains too
 launcher.preload([*RUN_IMPORTS, "matplotlib.figure"])
 
 
@@ -79,6 +81,20 @@ def run_training(*args: str) -> subprocess.CompletedProcess:
     result = launcher.run(train_main, *TEST_OVERRIDES, *args, cwd=PROJECT_ROOT, env=training_env())
     assert result.returncode == 0, result.stderr[-3000:]
     return result
+
+
+def preflight_rows(stdout: str) -> dict[str, tuple[str, str]]:
+    """The preflight's table in `stdout` as {check: (verdict, detail)}, read by the header's
+    column positions."""
+    lines = stdout.splitlines()
+    start = next(index for index, line in enumerate(lines) if line.startswith("check "))
+    verdict_at, detail_at = lines[start].index("verdict"), lines[start].index("detail")
+    rows = {}
+    for line in itertools.takewhile(lambda row: row.strip(), lines[start + 1 :]):
+        if line.startswith("preflight:"):
+            break
+        rows[line[:verdict_at].strip()] = (line[verdict_at:detail_at].strip(), line[detail_at:])
+    return rows
 
 
 def logged_records(run_dir: Path, kind: str | None = None) -> list[dict]:

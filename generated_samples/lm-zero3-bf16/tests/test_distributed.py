@@ -27,6 +27,8 @@ from lm_zero3_bf16.config import load_config
 from lm_zero3_bf16.data import build_datasets
 from lm_zero3_bf16.engine import COMPUTE_DTYPE
 from lm_zero3_bf16.model import build_model
+from lm_zero3_bf16.preflight import main as preflight_main
+from lm_zero3_bf16.preflight_checks import CHECK_FAILED, FAIL, PASS, RANKS_MISSING, SKIP
 from lm_zero3_bf16.runtime import init_runtime
 from lm_zero3_bf16.train import Trainer
 from lm_zero3_bf16.train import main as train_main
@@ -40,6 +42,7 @@ from conftest import (
     config_for_tests,
     exported_weights,
     logged_records,
+    preflight_rows,
     tensorboard_scalars,
     wait_for_train_step,
 )
@@ -405,28 +408,126 @@ def test_two_nodes_of_one_process_each_on_this_machine(tmp_path, scratch):
     assert summary["world_size"] == 2 and summary["steps"] == 2
 
 
-@pytest.mark.parametrize(("restarts", "resumes"), [(None, False), ("0", False), ("2", True)])
-def test_the_sbatch_script_resumes_a_requeued_job_only(tmp_path, restarts, resumes):
-    """A first launch starts its run (`--resume` refuses a folder where no run started); the
-    job SLURM requeues continues it. SLURM's commands and torchrun are stand-ins here that
-    record what the script launches."""
+def preflight_outputs(ranks: list[launcher.Launched], timeout: float) -> list[tuple[int, str]]:
+    """Each preflight rank's (exit status, stdout), once all have ended."""
+    outputs = []
+    for rank in ranks:
+        with rank:
+            stdout, stderr = rank.communicate(timeout)
+            outputs.append((rank.returncode, stdout + stderr[-3000:]))
+    return outputs
+
+
+def test_the_preflight_script_passes_on_two_processes_and_leaves_nothing_behind(tmp_path, scratch):
+    """`bash launch/preflight.sh` on two CPU processes, started as the run is: every check
+    passes (the plan's process count only warns), the all-reduce is timed, the step and the
+    checkpoint round trip run on the real model, only rank 0 prints, and neither the probes,
+    the rehearsal's folder nor the run folder remain."""
+    run_dir = tmp_path / "runs" / "a"
+    env = launcher_env(scratch) | {"NPROC_PER_NODE": "2", "ACCELERATE_ARGS": "--num_processes 2"}
+    command = ["bash", "launch/preflight.sh", "device=cpu", *TEST_OVERRIDES, f"run_dir='{run_dir}'"]
+    result = subprocess.run(command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr[-4000:]
+    assert result.stdout.count("check ") == 1, "only rank 0 prints the table"
+    rows = preflight_rows(result.stdout)
+    for check in ("ranks", "launcher", "code", "config", "data", "run folder", "disk", "step"):
+        assert rows[check][0] == PASS, rows
+    assert rows["ranks"][1].startswith("2 of 2 joined")
+    assert rows["collective"][0] == PASS and "GB/s bus bandwidth (gloo)" in rows["collective"][1]
+    assert "the saved loss back after the load" in rows["step"][1]
+    assert list(tmp_path.iterdir()) == [], "the preflight left files behind"
+
+
+def test_the_preflight_names_a_rank_with_other_code_and_slurm_tasks_off_the_launch(
+    tmp_path, scratch
+):
+    """Rank 1 runs a copy of src/ with one line changed, and SLURM says 4 tasks where torchrun
+    runs one agent: both ranks exit 3, the code line names rank 1, the launcher line the task
+    count, and nothing communicates or trains."""
+    copy = tmp_path / "copy"
+    shutil.copytree(PROJECT_ROOT / "src", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(copy / "lm_zero3_bf16" / "train.py", "a") as file:
+        file.write("# edited on one node only\n")
+    port, slurm = free_port(), {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4", "SLURM_NNODES": "1"}
+    slurm["TORCHELASTIC_RUN_ID"] = "7"  # torchrun's mark: one task per agent expected
+    env = [rank_env(rank, 2, port, scratch) | slurm for rank in range(2)]
+    argv = ["device=cpu", *TEST_OVERRIDES, f"run_dir='{tmp_path / 'run'}'"]
+    rank0 = launcher.start(preflight_main, *argv, cwd=PROJECT_ROOT, env=env[0])
+    command = [sys.executable, "-m", "lm_zero3_bf16.preflight", *argv]
+    rank1 = subprocess.Popen(
+        command, cwd=PROJECT_ROOT, env=env[1] | {"PYTHONPATH": str(copy)}, stdout=subprocess.PIPE
+    )
+    ((status, stdout),) = preflight_outputs([rank0], 300)
+    assert rank1.wait(300) == CHECK_FAILED and status == CHECK_FAILED, stdout
+    rows = preflight_rows(stdout)
+    assert rows["code"][0] == FAIL and rows["code"][1].startswith("rank 1 "), rows
+    assert rows["launcher"][0] == FAIL and "SLURM_NTASKS=4" in rows["launcher"][1], rows
+    assert rows["config"][0] == rows["data"][0] == PASS, rows
+    assert rows["collective"][0] == rows["step"][0] == SKIP, rows
+
+
+def test_the_preflight_names_a_rank_that_never_joins_and_does_not_hang(tmp_path, scratch):
+    """Rank 0 of 2 alone: after --timeout seconds it reports rank 1 missing and exits 4."""
+    env = rank_env(0, 2, free_port(), scratch)
+    argv = ["device=cpu", *TEST_OVERRIDES, f"run_dir='{tmp_path / 'run'}'", "--timeout", "2"]
+    started = time.monotonic()
+    result = launcher.run(preflight_main, *argv, cwd=PROJECT_ROOT, env=env, timeout=120)
+    assert result.returncode == RANKS_MISSING, result.stdout + result.stderr[-3000:]
+    assert time.monotonic() - started < 60
+    verdict, detail = preflight_rows(result.stdout)["ranks"]
+    assert verdict == FAIL and detail.startswith("rank 1 of 2 did not answer within 2 s"), detail
+
+
+def run_sbatch_script(tmp_path: Path, env: dict[str, str]) -> tuple[int, list[list[str]]]:
+    """`bash launch/slurm.sbatch run_dir=runs/a lr=1e-3` in a SLURM job of one node, with SLURM's
+    commands and torchrun as stand-ins that record each torchrun launch's arguments (a
+    preflight exits with PREFLIGHT_STATUS); its exit status and the launches."""
     stubs, launched = tmp_path / "bin", tmp_path / "launched"
     stubs.mkdir()
+    preflight = 'case "$*" in *.preflight*) exit "${PREFLIGHT_STATUS:-0}";; esac'
     for name, body in {
         "scontrol": "echo node0",  # `show hostnames`: the head node
         "srun": 'exec "$@"',
         "scancel": "true",
-        "torchrun": f'printf "%s\\n" "$@" > "{launched}"',
+        "torchrun": f'printf "%s\\n" "$@" --- >> "{launched}"\n{preflight}',
     }.items():
         (stubs / name).write_text(f"#!/usr/bin/env bash\n{body}\n")
         (stubs / name).chmod(0o755)
-    env = {key: value for key, value in os.environ.items() if key != "SLURM_RESTART_COUNT"}
-    env |= {"PATH": f"{stubs}{os.pathsep}{env['PATH']}", "SLURM_JOB_NODELIST": "node0"}
+    env = {key: value for key, value in os.environ.items() if key != "SLURM_RESTART_COUNT"} | env
+    env |= {"PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node0"}
     env |= {"SLURM_NNODES": "1", "SLURM_JOB_ID": "7"}
-    if restarts is not None:
-        env["SLURM_RESTART_COUNT"] = restarts
     script = ["bash", "launch/slurm.sbatch", "run_dir=runs/a", "lr=1e-3"]
-    subprocess.run(script, cwd=PROJECT_ROOT, env=env, check=True, timeout=60)
-    arguments = launched.read_text().splitlines()
-    assert arguments[-2:] == ["run_dir=runs/a", "lr=1e-3"], arguments
-    assert ("--resume" in arguments) == resumes, arguments
+    status = subprocess.run(script, cwd=PROJECT_ROOT, env=env, timeout=60).returncode
+    launches = launched.read_text().split("---\n")[:-1]
+    return status, [launch.splitlines() for launch in launches]
+
+
+@pytest.mark.parametrize(("restarts", "resumes"), [(None, False), ("0", False), ("2", True)])
+def test_the_sbatch_script_checks_first_and_resumes_a_requeued_job_only(
+    tmp_path, restarts, resumes
+):
+    """The job runs the preflight, then the training, with the same arguments; a first launch
+    starts its run (`--resume` refuses a folder where no run started), a requeued job continues
+    it."""
+    restart = {} if restarts is None else {"SLURM_RESTART_COUNT": restarts}
+    status, launches = run_sbatch_script(tmp_path, restart)
+    assert status == 0 and len(launches) == 2, launches
+    modules = [launch[launch.index("-m") + 1] for launch in launches]
+    package = "lm_zero3_bf16"
+    assert modules == [f"{package}.preflight", f"{package}.train"], launches
+    for arguments in launches:
+        assert arguments[-2:] == ["run_dir=runs/a", "lr=1e-3"], arguments
+        assert ("--resume" in arguments) == resumes, arguments
+    assert "--nproc-per-node=8" in launches[0], launches
+
+
+def test_the_sbatch_script_trains_nothing_when_the_preflight_fails(tmp_path):
+    """A failed preflight (exit 3) ends the job with its status before the training starts;
+    PREFLIGHT=0 skips the check."""
+    status, launches = run_sbatch_script(tmp_path, {"PREFLIGHT_STATUS": str(CHECK_FAILED)})
+    assert status == CHECK_FAILED and len(launches) == 1, launches
+    shutil.rmtree(tmp_path / "bin")
+    (tmp_path / "launched").unlink()
+    status, launches = run_sbatch_script(tmp_path, {"PREFLIGHT": "0", "PREFLIGHT_STATUS": "3"})
+    modules = [launch[launch.index("-m") + 1] for launch in launches]
+    assert status == 0 and modules == ["lm_zero3_bf16.train"], launches

@@ -171,6 +171,13 @@ def parse_command_line(argv: list[str] | None, description: str) -> tuple[Config
     Raises:
         ValueError: see `load_config`.
     """
+    args = command_line_parser(description).parse_intermixed_args(argv)
+    return config_from_arguments(args), args.resume
+
+
+def command_line_parser(description: str) -> argparse.ArgumentParser:
+    """The parser of a training command line (see `parse_command_line`), for entry points
+    that take the same settings and add flags of their own."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", default="configs/train.toml", help="TOML file of settings")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
@@ -180,9 +187,18 @@ def parse_command_line(argv: list[str] | None, description: str) -> tuple[Config
         help="resume a checkpoint written by another number of processes (allow_world_size_change)",
     )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. lr=1e-3 epochs=5")
-    args = parser.parse_intermixed_args(argv)  # a flag after an override is still a flag
+    return parser
+
+
+def config_from_arguments(args: argparse.Namespace) -> Config:
+    """The Config of `command_line_parser`'s parsed arguments (a flag after an override is
+    still a flag: parse them with `parse_intermixed_args`).
+
+    Raises:
+        ValueError: see `load_config`.
+    """
     overrides = args.overrides + ["allow_world_size_change=true"] * args.allow_world_size_change
-    return load_config(args.config, overrides), args.resume
+    return load_config(args.config, overrides)
 
 
 def load_config(

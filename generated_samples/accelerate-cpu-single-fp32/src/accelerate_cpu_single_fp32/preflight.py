@@ -1,0 +1,91 @@
+"""Check this machine before a long run on it:
+`python -m accelerate_cpu_single_fp32.preflight [--no-step] [--disk-limit-gib G] [key=value ...]`.
+
+Prints one table, a verdict per check (preflight_checks.py) of what this process sees
+(preflight_facts.py): plan, devices, code, config, data, run folder, disk, host memory, and a
+rehearsal of one step and one checkpoint round trip at micro-batch 1 on the real model
+(preflight_step.py; `--no-step` skips it). Exit status: 0 when nothing failed (warnings pass),
+3 when a check failed, 1 for a set-up error, 2 for a bad flag.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .build import build_on_meta
+from .config import Config, user_errors
+from .engine import PRECISION
+from .planned import PLANNED
+from .preflight_checks import (
+    FAIL,
+    SKIP,
+    Line,
+    code_line,
+    data_line,
+    devices_line,
+    plan_line,
+    rehearsal_line,
+    same_everywhere,
+    storage_lines,
+    table,
+    verdict_summary,
+)
+from .preflight_facts import command_line, nearest_existing, observe, remove_probe, write_probe
+from .preflight_step import rehearse_or_error
+from .runtime import init_runtime, resolve_device, shutdown_runtime
+
+PROBE = ".preflight-probe"
+
+
+def checks(config: Config, resume: bool, args: Any) -> list[Line]:
+    """Every check of this machine, as table lines."""
+    try:
+        device: torch.device | str = resolve_device(config.device)
+    except ValueError as error:
+        device = str(error)
+    facts = [observe(config, resume, device, socket.gethostname())]
+    lines = [plan_line(PLANNED, facts, config.global_batch_size(1))]
+    lines.append(devices_line(PLANNED, facts, config.device, PRECISION))
+    lines.append(code_line(facts))
+    lines.append(same_everywhere("config", facts, "config", "resolved another config"))
+    lines.append(data_line(facts))
+    run_dir = Path(config.run_dir)
+    errors = [write_probe(run_dir, PROBE)]
+    remove_probe(run_dir, PROBE)
+    parameters = sum(p.numel() for p in build_on_meta(config).parameters())
+    disk_limit = None if args.disk_limit_gib is None else int(args.disk_limit_gib * 2**30)
+    lines += storage_lines(config, facts, errors, [[]], parameters, disk_limit)
+    if args.no_step:
+        return [*lines, Line("step", SKIP, "--no-step")]
+    if any(line.verdict == FAIL for line in lines):
+        return [*lines, Line("step", SKIP, "not run: a check above failed")]
+    runtime = init_runtime(config.device)
+    folder = tempfile.mkdtemp(prefix=".preflight-", dir=nearest_existing(run_dir))
+    try:
+        return [*lines, rehearsal_line([rehearse_or_error(config, runtime, Path(folder))])]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        shutdown_runtime(runtime)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m accelerate_cpu_single_fp32.preflight`: print the table and exit
+    with the verdict's status."""
+    with user_errors():
+        config, resume, args = command_line(argv, __doc__.splitlines()[0])
+    lines = checks(config, resume, args)
+    sentence, status = verdict_summary(lines)
+    print(f"preflight of {__package__}: 1 process, {args.config}")
+    print(table(lines))
+    print(sentence)
+    raise SystemExit(status)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,279 @@
+"""Check an allocation before a long run on it, under the run's own launcher:
+`bash launch/preflight.sh [--no-step] [--timeout S] [--disk-limit-gib G] [key=value ...]` starts
+`python -m lm_zero3_bf16.preflight` on every rank (`launch/slurm.sbatch` runs it first).
+
+Every rank reports what it sees (preflight_facts.py) through the launcher's TCP store, each wait
+bounded by `--timeout` seconds; the first rank that answered prints one table, a verdict per
+check (preflight_checks.py): ranks, launcher, plan, devices, code, config, data, run folder,
+disk, host memory, the collective's bus bandwidth, and a rehearsal of one step and one
+checkpoint round trip at micro-batch 1 on the real model (preflight_step.py; `--no-step`
+skips it). Exit status: 0 when nothing failed (warnings pass), 3 when a check failed, 4 when
+ranks did not answer in time, 1 for a set-up error, 2 for a bad flag.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .build import build_on_meta
+from .config import Config, user_errors
+from .engine import PRECISION
+from .planned import PLANNED
+from .preflight_checks import (
+    FAIL,
+    PASS,
+    SKIP,
+    Line,
+    bus_bandwidth,
+    code_line,
+    data_line,
+    devices_line,
+    joined_line,
+    launcher_line,
+    nodes_of,
+    plan_line,
+    rehearsal_line,
+    same_everywhere,
+    storage_lines,
+    table,
+    verdict_summary,
+)
+from .preflight_facts import (
+    command_line,
+    nearest_existing,
+    observe,
+    probes_missing,
+    remove_probe,
+    write_probe,
+)
+from .preflight_step import rehearse_or_error
+from .runtime import Runtime, init_runtime, resolve_device, shutdown_runtime
+
+# The all-reduce timed for the bus bandwidth: a few hundred MB on GPUs (large enough for NCCL's
+# full rate), a few MB over gloo on CPUs.
+ALL_REDUCE_BYTES = {"cuda": 256 * 2**20, "cpu": 4 * 2**20}
+TIMED_ALL_REDUCES = 5
+# The checks after which a collective could hang or mislead if one failed: the ranks must be
+# the launch's, run the same code and config on working devices.
+PREREQUISITES = ("ranks", "launcher", "devices", "code", "config")
+
+
+class RanksMissing(Exception):
+    """Ranks that did not answer in a phase of the exchange within the timeout."""
+
+    def __init__(self, missing: list[int], phase: str, seconds: float):
+        super().__init__(f"ranks {missing} missing in {phase}")
+        self.missing, self.phase, self.seconds = missing, phase, seconds
+
+
+class RankExchange:
+    """Each rank's value of a phase, for every rank, through the TCP store the launcher set up
+    (MASTER_ADDR:MASTER_PORT: torchrun's agent store, or rank 0's), never waiting longer than
+    `timeout` seconds for a phase. Works before any process group exists, so a rank that never
+    arrives is named, not waited for."""
+
+    def __init__(self, rank: int, world_size: int, timeout: float):
+        self.rank, self.world_size, self.timeout = rank, world_size, timeout
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        self.prefix = f"preflight/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/{restart}"
+        if "MASTER_ADDR" not in os.environ:  # `python -m` alone: one process, no launcher
+            self.store: dist.Store = dist.HashStore()
+            return
+        address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        try:
+            self.store = dist.TCPStore(
+                address,
+                port,
+                is_master=rank == 0 and not agent_store,
+                timeout=timedelta(seconds=timeout),
+                wait_for_workers=False,
+            )
+        except (RuntimeError, dist.DistError) as error:  # the store's host never answered
+            raise RanksMissing([0], f"the store at {address}:{port}", timeout) from error
+
+    def share(self, phase: str, value: Any) -> list[Any]:
+        """Publish this rank's `value` (JSON-serialisable) for `phase`; return every rank's,
+        indexed by rank.
+
+        Raises:
+            RanksMissing: ranks that had not published theirs within the timeout.
+        """
+        keys = [f"{self.prefix}/{phase}/{rank}" for rank in range(self.world_size)]
+        self.store.set(keys[self.rank], json.dumps(value))
+        deadline = time.monotonic() + self.timeout
+        while missing := [rank for rank, key in enumerate(keys) if not self.store.check([key])]:
+            if time.monotonic() > deadline:
+                raise RanksMissing(missing, phase, self.timeout)
+            time.sleep(0.05)
+        return [json.loads(self.store.get(key)) for key in keys]
+
+    def process_group_store(self) -> dist.Store:
+        """The store, under a prefix of its own, for the process group of the later checks."""
+        return dist.PrefixStore(f"{self.prefix}/group", self.store)
+
+
+def local_facts(config: Config, resume: bool) -> dict[str, Any]:
+    """This rank's facts (`preflight_facts.observe`) on the device the run resolves to."""
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    try:
+        device: torch.device | str = resolve_device(config.device, local_rank)
+    except ValueError as error:
+        device = str(error)
+    return observe(config, resume, device, os.environ.get("GROUP_RANK") or socket.gethostname())
+
+
+def folder_lines(
+    exchange: RankExchange, config: Config, facts: list[dict[str, Any]], disk_limit: int | None
+) -> list[Line]:
+    """The run folder (written by every rank, each rank's file seen by all), the disk and the
+    host memory."""
+    run_dir = Path(config.run_dir)
+    names = [f".preflight-rank{rank}-{os.getpid()}" for rank in range(exchange.world_size)]
+    names = exchange.share("probe names", names[exchange.rank])
+    errors = exchange.share("probe written", write_probe(run_dir, names[exchange.rank]))
+    unseen = exchange.share("probes seen", probes_missing(run_dir, names))
+    remove_probe(run_dir, names[exchange.rank])
+    parameters = sum(p.numel() for p in build_on_meta(config).parameters())
+    return storage_lines(config, facts, errors, unseen, parameters, disk_limit)
+
+
+def collective_line(runtime: Runtime, facts: list[dict[str, Any]], timeout: float) -> Line:
+    """Every rank passes a monitored barrier (gloo; it names the ranks that do not), then the
+    bus bandwidth of an all-reduce over all ranks and, on several nodes, within each node and
+    between nodes (same local rank)."""
+    if runtime.world_size == 1:
+        return Line("collective", SKIP, "one process: nothing to communicate")
+    try:
+        dist.monitored_barrier(runtime.control_group, timedelta(seconds=timeout), True)
+    except RuntimeError as error:
+        return Line("collective", FAIL, str(error).strip().splitlines()[0][:300])
+    size = ALL_REDUCE_BYTES.get(runtime.device.type, ALL_REDUCE_BYTES["cpu"])
+    figures = [f"all-reduce of {size // 2**20} MiB: {gbps(size, runtime, None):.2f} GB/s"]
+    nodes = list(nodes_of(facts).values())
+    if len(nodes) > 1 and len({len(ranks) for ranks in nodes}) == 1:
+        within, _ = dist.new_subgroups_by_enumeration(nodes)
+        across, _ = dist.new_subgroups_by_enumeration([list(r) for r in zip(*nodes, strict=True)])
+        figures.append(f"within a node {gbps(size, runtime, within):.2f} GB/s")
+        figures.append(f"between nodes {gbps(size, runtime, across):.2f} GB/s")
+    return Line("collective", PASS, f"{'; '.join(figures)} bus bandwidth ({dist.get_backend()})")
+
+
+def gbps(size: int, runtime: Runtime, group: dist.ProcessGroup | None) -> float:
+    """The all-reduce bus bandwidth of `size` bytes over `group` (None: all ranks), in GB/s,
+    timed over TIMED_ALL_REDUCES after one warm-up."""
+    tensor = torch.ones(size // 4, device=runtime.device)
+    members = dist.get_world_size(group)
+    dist.all_reduce(tensor, group=group)
+    if runtime.device.type == "cuda":
+        torch.cuda.synchronize(runtime.device)
+    start = time.perf_counter()
+    for _ in range(TIMED_ALL_REDUCES):
+        dist.all_reduce(tensor, group=group)
+    if runtime.device.type == "cuda":
+        torch.cuda.synchronize(runtime.device)
+    seconds = (time.perf_counter() - start) / TIMED_ALL_REDUCES
+    return bus_bandwidth(size, members, seconds) / 1e9
+
+
+def step_line(exchange: RankExchange, config: Config, runtime: Runtime) -> Line:
+    """The rehearsal (preflight_step.py) in a hidden folder beside the run folder, removed
+    after, judged over every rank's figures."""
+    folder = None
+    if runtime.is_main:
+        folder = tempfile.mkdtemp(prefix=".preflight-", dir=nearest_existing(Path(config.run_dir)))
+    folder = exchange.share("rehearsal folder", folder)[0]
+    results = exchange.share("rehearsal", rehearse_or_error(config, runtime, Path(folder)))
+    if runtime.is_main:
+        shutil.rmtree(folder, ignore_errors=True)
+    return rehearsal_line(results)
+
+
+def checks(config: Config, resume: bool, args: Any) -> tuple[list[Line], bool]:
+    """Every check of this launch, as table lines, and whether this rank prints them (rank 0,
+    or the first rank that answered when some did not)."""
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    lines: list[Line] = []
+    try:
+        _run_checks(config, resume, args, lines)
+    except RanksMissing as missing:
+        ranks = joined_line(world_size, missing.missing, missing.seconds, missing.phase)
+        lines = [ranks, *(line for line in lines if line.check != "ranks")]
+        return lines, rank == min(set(range(world_size)) - set(missing.missing))
+    return lines, rank == 0
+
+
+def _run_checks(config: Config, resume: bool, args: Any, lines: list[Line]) -> None:
+    """`checks`' lines, appended to `lines` as they are reached.
+
+    Raises:
+        RanksMissing: ranks did not answer a phase in time.
+    """
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    start = time.monotonic()
+    exchange = RankExchange(rank, world_size, args.timeout)
+    facts = exchange.share("facts", local_facts(config, resume))
+    lines.append(joined_line(world_size, [], time.monotonic() - start, "facts"))
+    lines.append(launcher_line(facts))
+    lines.append(plan_line(PLANNED, facts, config.global_batch_size(world_size)))
+    lines.append(devices_line(PLANNED, facts, config.device, PRECISION))
+    lines.append(code_line(facts))
+    lines.append(same_everywhere("config", facts, "config", "resolved another config"))
+    lines.append(data_line(facts))
+    disk_limit = None if args.disk_limit_gib is None else int(args.disk_limit_gib * 2**30)
+    lines += folder_lines(exchange, config, facts, disk_limit)
+    if any(line.verdict == FAIL and line.check in PREREQUISITES for line in lines):
+        skipped = "not run: a check above failed"
+        lines += [Line("collective", SKIP, skipped), Line("step", SKIP, skipped)]
+        return
+    if world_size > 1:  # one process: init_runtime makes its own group
+        dist.init_process_group(
+            "nccl" if facts[rank]["device"]["type"] == "cuda" else "gloo",
+            store=exchange.process_group_store(),
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=args.timeout),
+        )
+    runtime = init_runtime(config.device)
+    try:
+        lines.append(collective_line(runtime, facts, args.timeout))
+        if args.no_step:
+            lines.append(Line("step", SKIP, "--no-step"))
+        elif any(line.verdict == FAIL for line in lines):
+            lines.append(Line("step", SKIP, "not run: a check above failed"))
+        else:
+            lines.append(step_line(exchange, config, runtime))
+    finally:
+        shutdown_runtime(runtime)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m lm_zero3_bf16.preflight`: print the table (one rank) and
+    exit with the verdict's status (every rank)."""
+    with user_errors():
+        config, resume, args = command_line(argv, __doc__.splitlines()[0])
+    lines, reports = checks(config, resume, args)
+    sentence, status = verdict_summary(lines)
+    if reports:
+        world_size = os.environ.get("WORLD_SIZE", "1")
+        print(f"preflight of {__package__}: {world_size} process(es), {args.config}")
+        print(table(lines))
+        print(sentence)
+        sys.stdout.flush()
+    raise SystemExit(status)
+
+
+if __name__ == "__main__":
+    main()
