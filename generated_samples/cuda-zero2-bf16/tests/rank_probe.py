@@ -10,13 +10,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from cuda_zero2_bf16 import train
+from cuda_zero2_bf16 import preflight, preflight_facts, train
 from cuda_zero2_bf16.config import load_config
 from cuda_zero2_bf16.runtime import init_runtime, shutdown_runtime
 from cuda_zero2_bf16.train import Trainer
@@ -136,6 +137,13 @@ def main(config_path: str, run_dir: str, *overrides: str) -> None:
 def run_from_command_line() -> None:
     """`rank_probe.py CONFIG RUN_DIR KEY=VALUE...`, the arguments in sys.argv."""
     main(*sys.argv[1:])
+
+
+def preflight_of_a_copy() -> None:
+    """The preflight (`preflight.main`) on a rank whose package source is another copy, the
+    folder given first in sys.argv: the code the preflight fingerprints."""
+    preflight_facts.PACKAGE_DIR = Path(sys.argv.pop(1))
+    preflight.main()
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from fabric_lm_fsdp2_fp32 import train
+from fabric_lm_fsdp2_fp32 import preflight, preflight_facts, train
 from fabric_lm_fsdp2_fp32.config import load_config
 from fabric_lm_fsdp2_fp32.runtime import Runtime, init_runtime, shutdown_runtime
 from fabric_lm_fsdp2_fp32.task import IGNORE_INDEX, micro_batch_weights
@@ -181,6 +181,13 @@ def run_from_command_line() -> None:
         setup_memory(*sys.argv[2:])
     else:
         main(*sys.argv[1:])
+
+
+def preflight_of_a_copy() -> None:
+    """The preflight (`preflight.main`) on a rank whose package source is another copy, the
+    folder given first in sys.argv: the code the preflight fingerprints."""
+    preflight_facts.PACKAGE_DIR = Path(sys.argv.pop(1))
+    preflight.main()
 
 
 if __name__ == "__main__":

@@ -441,24 +441,24 @@ def test_the_preflight_script_passes_on_two_processes_and_leaves_nothing_behind(
 def test_the_preflight_names_a_rank_with_other_code_and_slurm_tasks_off_the_launch(
     tmp_path, scratch
 ):
-    """Rank 1 runs a copy of src/ with one line changed, and SLURM says 4 tasks where torchrun
-    runs one agent: both ranks exit 3, the code line names rank 1, the launcher line the task
-    count, and nothing communicates or trains."""
+    """Rank 1's package source is a copy with one line changed, and SLURM says 4 tasks where
+    torchrun runs one agent: both ranks exit 3, the code line names rank 1, the launcher line
+    the task count, and nothing communicates or trains."""
     copy = tmp_path / "copy"
-    shutil.copytree(PROJECT_ROOT / "src", copy, ignore=shutil.ignore_patterns("__pycache__"))
-    with open(copy / "lm_ddp_bf16" / "train.py", "a") as file:
+    package = PROJECT_ROOT / "src" / "lm_ddp_bf16"
+    shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(copy / "train.py", "a") as file:
         file.write("# edited on one node only\n")
     port, slurm = free_port(), {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4", "SLURM_NNODES": "1"}
     slurm["TORCHELASTIC_RUN_ID"] = "7"  # torchrun's mark: one task per agent expected
     env = [rank_env(rank, 2, port, scratch) | slurm for rank in range(2)]
     argv = ["device=cpu", *TEST_OVERRIDES, f"run_dir='{tmp_path / 'run'}'"]
     rank0 = launcher.start(preflight_main, *argv, cwd=PROJECT_ROOT, env=env[0])
-    command = [sys.executable, "-m", "lm_ddp_bf16.preflight", *argv]
-    rank1 = subprocess.Popen(
-        command, cwd=PROJECT_ROOT, env=env[1] | {"PYTHONPATH": str(copy)}, stdout=subprocess.PIPE
+    rank1 = launcher.start(
+        rank_probe.preflight_of_a_copy, str(copy), *argv, cwd=PROJECT_ROOT, env=env[1]
     )
-    ((status, stdout),) = preflight_outputs([rank0], 300)
-    assert rank1.wait(300) == CHECK_FAILED and status == CHECK_FAILED, stdout
+    (status, stdout), (status1, _) = preflight_outputs([rank0, rank1], 300)
+    assert status == status1 == CHECK_FAILED, stdout
     rows = preflight_rows(stdout)
     assert rows["code"][0] == FAIL and rows["code"][1].startswith("rank 1 "), rows
     assert rows["launcher"][0] == FAIL and "SLURM_NTASKS=4" in rows["launcher"][1], rows

@@ -13,6 +13,7 @@ ranks did not answer in time, 1 for a set-up error, 2 for a bad flag.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -88,16 +89,18 @@ class RankExchange:
         self.rank, self.world_size, self.timeout = rank, world_size, timeout
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         self.prefix = f"preflight/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/{restart}"
+        self.hosts_store = False
         if "MASTER_ADDR" not in os.environ:  # `python -m` alone: one process, no launcher
             self.store: dist.Store = dist.HashStore()
             return
         address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        self.hosts_store = rank == 0 and not agent_store
         try:
             self.store = dist.TCPStore(
                 address,
                 port,
-                is_master=rank == 0 and not agent_store,
+                is_master=self.hosts_store,
                 timeout=timedelta(seconds=timeout),
                 wait_for_workers=False,
             )
@@ -109,16 +112,34 @@ class RankExchange:
         indexed by rank.
 
         Raises:
-            RanksMissing: ranks that had not published theirs within the timeout.
+            RanksMissing: ranks that had not published theirs within the timeout, or rank 0
+                when the store it hosts went away.
         """
         keys = [f"{self.prefix}/{phase}/{rank}" for rank in range(self.world_size)]
-        self.store.set(keys[self.rank], json.dumps(value))
         deadline = time.monotonic() + self.timeout
-        while missing := [rank for rank, key in enumerate(keys) if not self.store.check([key])]:
-            if time.monotonic() > deadline:
-                raise RanksMissing(missing, phase, self.timeout)
-            time.sleep(0.05)
-        return [json.loads(self.store.get(key)) for key in keys]
+        try:
+            self.store.set(keys[self.rank], json.dumps(value))
+            while missing := [rank for rank, key in enumerate(keys) if not self.store.check([key])]:
+                if time.monotonic() > deadline:
+                    raise RanksMissing(missing, phase, self.timeout)
+                time.sleep(0.05)
+            return [json.loads(self.store.get(key)) for key in keys]
+        except dist.DistError as error:  # the host of the store ended
+            raise RanksMissing([0], f"{phase}: the store closed", self.timeout) from error
+
+    def leave(self, missing: list[int]) -> None:
+        """Say this rank is done with the store; the rank that hosts it (rank 0 when no
+        launcher agent does) waits, up to the timeout, until every rank not `missing` has said
+        so: the store ends with its host, and a rank still reading from it would fail."""
+        with contextlib.suppress(dist.DistError):
+            self.store.set(f"{self.prefix}/left/{self.rank}", "1")
+            if not self.hosts_store:
+                return
+            keys = [f"{self.prefix}/left/{rank}" for rank in range(self.world_size)]
+            keys = [key for rank, key in enumerate(keys) if rank not in missing]
+            deadline = time.monotonic() + self.timeout
+            while not self.store.check(keys) and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     def process_group_store(self) -> dist.Store:
         """The store, under a prefix of its own, for the process group of the later checks."""
@@ -207,23 +228,31 @@ def checks(config: Config, resume: bool, args: Any) -> tuple[list[Line], bool]:
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     lines: list[Line] = []
     try:
-        _run_checks(config, resume, args, lines)
+        exchange = RankExchange(rank, world_size, args.timeout)
+    except RanksMissing as missing:  # the store's host never answered: the next rank reports
+        line = joined_line(world_size, missing.missing, missing.seconds, missing.phase)
+        return [line], rank == min(set(range(world_size)) - set(missing.missing))
+    try:
+        _run_checks(exchange, config, resume, args, lines)
     except RanksMissing as missing:
+        exchange.leave(missing.missing)
         ranks = joined_line(world_size, missing.missing, missing.seconds, missing.phase)
         lines = [ranks, *(line for line in lines if line.check != "ranks")]
         return lines, rank == min(set(range(world_size)) - set(missing.missing))
+    exchange.leave([])
     return lines, rank == 0
 
 
-def _run_checks(config: Config, resume: bool, args: Any, lines: list[Line]) -> None:
+def _run_checks(
+    exchange: RankExchange, config: Config, resume: bool, args: Any, lines: list[Line]
+) -> None:
     """`checks`' lines, appended to `lines` as they are reached.
 
     Raises:
         RanksMissing: ranks did not answer a phase in time.
     """
-    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    rank, world_size = exchange.rank, exchange.world_size
     start = time.monotonic()
-    exchange = RankExchange(rank, world_size, args.timeout)
     facts = exchange.share("facts", local_facts(config, resume))
     lines.append(joined_line(world_size, [], time.monotonic() - start, "facts"))
     lines.append(launcher_line(facts))
