@@ -43,8 +43,8 @@ def launch_facts(nodes: int, per_node: int, device: dict | None = None, **env: s
     facts = []
     for rank in range(nodes * per_node):
         variables = {"WORLD_SIZE": str(nodes * per_node), "LOCAL_WORLD_SIZE": str(per_node)}
-        variables |= {"TORCHELASTIC_RUN_ID": "7", "SLURM_NTASKS": None, "SLURM_NNODES": None}
-        variables |= {"SLURM_JOB_ID": None} | env
+        variables |= {"TORCHELASTIC_RUN_ID": "7", "SLURM_JOB_ID": None}
+        variables |= {"SLURM_STEP_NUM_TASKS": None, "SLURM_STEP_NUM_NODES": None} | env
         fact = {"node": f"node{rank // per_node}", "host": f"node{rank // per_node}"}
         fact |= {"launcher": variables, "device": dict(device or H100), "rss": GIB}
         fact |= {"disk_free": 100 * GIB, "run_bytes": 0, "host_available": 64 * GIB}

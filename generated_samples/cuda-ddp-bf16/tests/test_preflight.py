@@ -44,8 +44,8 @@ def launch_facts(nodes: int, per_node: int, device: dict | None = None, **env: s
     facts = []
     for rank in range(nodes * per_node):
         variables = {"WORLD_SIZE": str(nodes * per_node), "LOCAL_WORLD_SIZE": str(per_node)}
-        variables |= {"TORCHELASTIC_RUN_ID": "7", "SLURM_NTASKS": None, "SLURM_NNODES": None}
-        variables |= {"SLURM_JOB_ID": None} | env
+        variables |= {"TORCHELASTIC_RUN_ID": "7", "SLURM_JOB_ID": None}
+        variables |= {"SLURM_STEP_NUM_TASKS": None, "SLURM_STEP_NUM_NODES": None} | env
         fact = {"node": f"node{rank // per_node}", "host": f"node{rank // per_node}"}
         fact |= {"launcher": variables, "device": dict(device or H100), "rss": GIB}
         fact |= {"disk_free": 100 * GIB, "run_bytes": 0, "host_available": 64 * GIB}
@@ -53,15 +53,21 @@ def launch_facts(nodes: int, per_node: int, device: dict | None = None, **env: s
     return facts
 
 
-def test_the_launcher_line_holds_slurm_task_counts_to_the_launch():
-    """Under torchrun, SLURM runs one task per node (a torchrun agent each); without it, one
-    per process. Any other count fails on the launcher line, naming the count."""
-    assert launcher_line(launch_facts(2, 4, SLURM_NTASKS="2", SLURM_NNODES="2")).verdict == PASS
-    line = launcher_line(launch_facts(2, 4, SLURM_NTASKS="8", SLURM_NNODES="2"))
-    assert line.verdict == FAIL and "SLURM_NTASKS=8" in line.detail and "2 task(s)" in line.detail
-    without_torchrun = launch_facts(2, 4, SLURM_NTASKS="8", TORCHELASTIC_RUN_ID=None)
-    assert launcher_line(without_torchrun).verdict == PASS
-    assert launcher_line(launch_facts(2, 4, SLURM_NNODES="3", SLURM_NTASKS="2")).verdict == FAIL
+def test_the_launcher_line_holds_an_srun_steps_task_counts_to_the_launch():
+    """In an srun step under torchrun, one task per node (a torchrun agent each); without
+    torchrun, one per process. Any other count fails on the launcher line, naming it; outside
+    a step (an salloc shell) SLURM's counts are the allocation's and are not compared."""
+    step = {"SLURM_JOB_ID": "7", "SLURM_STEP_NUM_NODES": "2"}
+    assert launcher_line(launch_facts(2, 4, **step, SLURM_STEP_NUM_TASKS="2")).verdict == PASS
+    line = launcher_line(launch_facts(2, 4, **step, SLURM_STEP_NUM_TASKS="8"))
+    assert line.verdict == FAIL and "SLURM_STEP_NUM_TASKS=8" in line.detail, line
+    assert "2 task(s)" in line.detail, line
+    per_process = step | {"SLURM_STEP_NUM_TASKS": "8", "TORCHELASTIC_RUN_ID": None}
+    assert launcher_line(launch_facts(2, 4, **per_process)).verdict == PASS
+    three_nodes = step | {"SLURM_STEP_NUM_NODES": "3", "SLURM_STEP_NUM_TASKS": "2"}
+    assert launcher_line(launch_facts(2, 4, **three_nodes)).verdict == FAIL
+    salloc_shell = launcher_line(launch_facts(1, 2, SLURM_JOB_ID="7"))
+    assert salloc_shell.verdict == PASS and "outside an srun step" in salloc_shell.detail
     assert launcher_line(launch_facts(1, 2, LOCAL_WORLD_SIZE="4")).verdict == FAIL
     assert launcher_line(launch_facts(1, 2, WORLD_SIZE="4")).verdict == FAIL
 

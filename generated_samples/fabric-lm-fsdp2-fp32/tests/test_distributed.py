@@ -5,6 +5,7 @@ parameters identical on every rank, and runs on two nodes."""
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import math
 import os
@@ -29,6 +30,7 @@ from fabric_lm_fsdp2_fp32.engine import COMPUTE_DTYPE
 from fabric_lm_fsdp2_fp32.model import build_model
 from fabric_lm_fsdp2_fp32.preflight import main as preflight_main
 from fabric_lm_fsdp2_fp32.preflight_checks import CHECK_FAILED, FAIL, PASS, RANKS_MISSING, SKIP
+from fabric_lm_fsdp2_fp32.preflight_facts import run_folder_conflict
 from fabric_lm_fsdp2_fp32.runtime import init_runtime
 from fabric_lm_fsdp2_fp32.train import Trainer
 from fabric_lm_fsdp2_fp32.train import main as train_main
@@ -261,6 +263,28 @@ def test_a_world_size_change_is_refused_without_the_flag(tmp_path, two_process_r
     assert sorted((p, p.stat().st_mtime_ns) for p in run_dir.rglob("*")) == before
 
 
+def test_the_preflight_judges_the_run_folder_as_a_resumed_run_would(tmp_path, two_process_run):
+    """The run folder line refuses what the launch would: a resume on another process count
+    or with changed settings, a run going on in the folder, no --resume where a run is, and
+    --resume where none started; the launch the checkpoint allows passes."""
+    run_dir = copy_at_step(two_process_run, tmp_path / "resumed", RESUMED_AT)
+    overrides = [*TEST_OVERRIDES, *COMPARABLE, "micro_batch_size=32", f"run_dir='{run_dir}'"]
+    config = load_config(PROJECT_ROOT / "configs" / "train.toml", overrides)
+    assert run_folder_conflict(config, True, 2) == ""
+    assert "written by 2 process(es) and this run has 1" in run_folder_conflict(config, True, 1)
+    changed = dataclasses.replace(config, lr=config.lr * 2)
+    assert "cannot resume with changed lr" in run_folder_conflict(changed, True, 2)
+    assert "already holds a run" in run_folder_conflict(config, False, 2)
+    fresh = dataclasses.replace(config, run_dir=str(tmp_path / "fresh"))
+    assert "no run has started" in run_folder_conflict(fresh, True, 2)
+    with open(run_dir / ".lock", "w") as lock:  # a run going on: it holds the folder's lock
+        lock.write("pid 1 on node0\n")
+        lock.flush()
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        assert "in use by pid 1 on node0" in run_folder_conflict(config, True, 2)
+    assert run_folder_conflict(config, True, 2) == ""
+
+
 def test_a_two_process_checkpoint_resumes_on_one_process(tmp_path, two_process_run):
     """The one process takes the global batch as 64 x 2 (micro-batches of at most 64), trains
     on exactly the samples the two processes had not reached, with every optimizer moment
@@ -455,15 +479,15 @@ def test_the_preflight_script_passes_on_two_processes_and_leaves_nothing_behind(
 def test_the_preflight_names_a_rank_with_other_code_and_slurm_tasks_off_the_launch(
     tmp_path, scratch
 ):
-    """Rank 1's package source is a copy with one line changed, and SLURM says 4 tasks where
-    torchrun runs one agent: both ranks exit 3, the code line names rank 1, the launcher line
+    """Rank 1's package source is a copy with one line changed, and the SLURM step has 4 tasks
+    where torchrun runs one agent: both ranks exit 3, the code line names rank 1, the launcher line
     the task count, and nothing communicates or trains."""
     copy = tmp_path / "copy"
     package = PROJECT_ROOT / "src" / "fabric_lm_fsdp2_fp32"
     shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__"))
     with open(copy / "train.py", "a") as file:
         file.write("# edited on one node only\n")
-    port, slurm = free_port(), {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4", "SLURM_NNODES": "1"}
+    port, slurm = free_port(), {"SLURM_JOB_ID": "7", "SLURM_STEP_NUM_TASKS": "4"}
     slurm["TORCHELASTIC_RUN_ID"] = "7"  # torchrun's mark: one task per agent expected
     env = [rank_env(rank, 2, port, scratch) | slurm for rank in range(2)]
     argv = ["device=cpu", *TEST_OVERRIDES, f"run_dir='{tmp_path / 'run'}'"]
@@ -475,7 +499,7 @@ def test_the_preflight_names_a_rank_with_other_code_and_slurm_tasks_off_the_laun
     assert status == status1 == CHECK_FAILED, stdout
     rows = preflight_rows(stdout)
     assert rows["code"][0] == FAIL and rows["code"][1].startswith("rank 1 "), rows
-    assert rows["launcher"][0] == FAIL and "SLURM_NTASKS=4" in rows["launcher"][1], rows
+    assert rows["launcher"][0] == FAIL and "SLURM_STEP_NUM_TASKS=4" in rows["launcher"][1], rows
     assert rows["config"][0] == rows["data"][0] == PASS, rows
     assert rows["collective"][0] == rows["step"][0] == SKIP, rows
 
@@ -532,6 +556,7 @@ def test_the_sbatch_script_checks_first_and_resumes_a_requeued_job_only(
     for arguments in launches:
         assert arguments[-2:] == ["run_dir=runs/a", "lr=1e-3"], arguments
         assert ("--resume" in arguments) == resumes, arguments
+    assert "--starts-run" in launches[0] and "--starts-run" not in launches[1], launches
     assert "--nproc-per-node=8" in launches[0], launches
 
 

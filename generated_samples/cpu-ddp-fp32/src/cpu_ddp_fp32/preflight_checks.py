@@ -28,6 +28,7 @@ MEMORY_TOLERANCE = 0.9
 # Loss probes before and after a checkpoint's round trip agree to this relative difference: the
 # same weights and batch give the same loss up to the order of a GPU's reductions.
 LOSS_TOLERANCE = 1e-5
+EVERY_RANK = " on every rank"
 # Exit statuses: a check failed; ranks did not answer in time (set-up errors exit 1, bad
 # flags 2).
 CHECK_FAILED, RANKS_MISSING = 3, 4
@@ -73,8 +74,10 @@ def joined_line(world_size: int, missing: Sequence[int], seconds: float, phase: 
 
 def launcher_line(facts: list[dict[str, Any]]) -> Line:
     """The launcher's counts agree with the processes that joined: WORLD_SIZE, each node's
-    LOCAL_WORLD_SIZE, and in a SLURM job its task count: one per torchrun agent, i.e. per
-    node, under torchrun (launch/slurm.sbatch), one per process without it."""
+    LOCAL_WORLD_SIZE, and in a SLURM job step (srun) its task and node counts: one task per
+    torchrun agent, i.e. per node, under torchrun (launch/slurm.sbatch), one per process
+    without it. Outside a step (an salloc shell) SLURM_NTASKS counts the allocation's tasks,
+    not this launch's: nothing to compare."""
     world_size, nodes = len(facts), nodes_of(facts)
     env = facts[0]["launcher"]
     problems = []
@@ -86,18 +89,21 @@ def launcher_line(facts: list[dict[str, Any]]) -> Line:
             sizes = ", ".join(sorted(local))
             problems.append(f"node {node} runs {len(ranks)} processes, LOCAL_WORLD_SIZE={sizes}")
     detail = f"{world_size} process(es) on {len(nodes)} node(s)"
-    if env["SLURM_NTASKS"] is not None:
+    if env["SLURM_STEP_NUM_TASKS"] is not None:  # an srun step: its counts are the launch's
         under_torchrun = env["TORCHELASTIC_RUN_ID"] is not None
         tasks = len(nodes) if under_torchrun else world_size
         per = "one torchrun agent per node" if under_torchrun else "one task per process"
-        if int(env["SLURM_NTASKS"]) != tasks:
+        if int(env["SLURM_STEP_NUM_TASKS"]) != tasks:
             problems.append(
-                f"SLURM_NTASKS={env['SLURM_NTASKS']} but this launch has {tasks} task(s) "
-                f"({per}); launch/slurm.sbatch asks --ntasks-per-node=1"
+                f"SLURM_STEP_NUM_TASKS={env['SLURM_STEP_NUM_TASKS']} but this launch has "
+                f"{tasks} task(s) ({per}); launch/slurm.sbatch asks --ntasks-per-node=1"
             )
-        if env["SLURM_NNODES"] is not None and int(env["SLURM_NNODES"]) != len(nodes):
-            problems.append(f"SLURM_NNODES={env['SLURM_NNODES']} but {len(nodes)} node(s) joined")
-        detail += f"; SLURM job {env['SLURM_JOB_ID']}: {env['SLURM_NTASKS']} task(s)"
+        step_nodes = env["SLURM_STEP_NUM_NODES"]
+        if step_nodes is not None and int(step_nodes) != len(nodes):
+            problems.append(f"SLURM_STEP_NUM_NODES={step_nodes} but {len(nodes)} node(s) joined")
+        detail += f"; SLURM job {env['SLURM_JOB_ID']}: {env['SLURM_STEP_NUM_TASKS']} task(s)"
+    elif env["SLURM_JOB_ID"] is not None:  # salloc's shell: SLURM_NTASKS is the allocation's
+        detail += f"; SLURM job {env['SLURM_JOB_ID']}, outside an srun step"
     if problems:
         return Line("launcher", FAIL, "; ".join(problems))
     return Line("launcher", PASS, detail)
@@ -135,13 +141,14 @@ def devices_line(
         return Line("devices", FAIL, f"ranks differ: {dict(types)}; set device= explicitly")
     kind = devices[0]["type"]
     if kind != planned.device:
-        what = f"{kind} on every rank; the plan is {planned_devices(planned)}"
+        what = f"{kind}{EVERY_RANK * (len(facts) > 1)}; the plan is {planned_devices(planned)}"
         if device_setting == "auto":
             fix = f"run on the planned machines, or pass device={kind} to check a {kind} run"
             return Line("devices", FAIL, f"{what}: {fix}")
         return Line("devices", WARN, f"{what} (device={device_setting} asks for {kind})")
     if kind != "cuda":
-        return Line("devices", PASS, f"{kind} on every rank, {devices[0]['cpus']} cores per node")
+        cores = f"{devices[0]['cpus']} cores per node"
+        return Line("devices", PASS, f"{kind}{EVERY_RANK * (len(facts) > 1)}, {cores}")
     return _gpus_line(planned, facts, precision)
 
 
@@ -231,6 +238,8 @@ def run_folder_line(
     if blind := [rank for rank, names in enumerate(unseen) if names]:
         detail = f"{ranks_text(blind)} cannot see the other ranks' files in {run_dir}"
         return Line("run folder", FAIL, f"{detail}: put run_dir on storage every node shares")
+    if len(facts) == 1:
+        return Line("run folder", PASS, f"{run_dir}: writable")
     return Line("run folder", PASS, f"{run_dir}: every rank writes there and sees the others")
 
 

@@ -28,6 +28,7 @@ MEMORY_TOLERANCE = 0.9
 # Loss probes before and after a checkpoint's round trip agree to this relative difference: the
 # same weights and batch give the same loss up to the order of a GPU's reductions.
 LOSS_TOLERANCE = 1e-5
+EVERY_RANK = " on every rank"
 # Exit statuses: a check failed; ranks did not answer in time (set-up errors exit 1, bad
 # flags 2).
 CHECK_FAILED, RANKS_MISSING = 3, 4
@@ -95,13 +96,14 @@ def devices_line(
         return Line("devices", FAIL, f"ranks differ: {dict(types)}; set device= explicitly")
     kind = devices[0]["type"]
     if kind != planned.device:
-        what = f"{kind} on every rank; the plan is {planned_devices(planned)}"
+        what = f"{kind}{EVERY_RANK * (len(facts) > 1)}; the plan is {planned_devices(planned)}"
         if device_setting == "auto":
             fix = f"run on the planned machines, or pass device={kind} to check a {kind} run"
             return Line("devices", FAIL, f"{what}: {fix}")
         return Line("devices", WARN, f"{what} (device={device_setting} asks for {kind})")
     if kind != "cuda":
-        return Line("devices", PASS, f"{kind} on every rank, {devices[0]['cpus']} cores per node")
+        cores = f"{devices[0]['cpus']} cores per node"
+        return Line("devices", PASS, f"{kind}{EVERY_RANK * (len(facts) > 1)}, {cores}")
     return _gpus_line(planned, facts, precision)
 
 
@@ -191,6 +193,8 @@ def run_folder_line(
     if blind := [rank for rank, names in enumerate(unseen) if names]:
         detail = f"{ranks_text(blind)} cannot see the other ranks' files in {run_dir}"
         return Line("run folder", FAIL, f"{detail}: put run_dir on storage every node shares")
+    if len(facts) == 1:
+        return Line("run folder", PASS, f"{run_dir}: writable")
     return Line("run folder", PASS, f"{run_dir}: every rank writes there and sees the others")
 
 

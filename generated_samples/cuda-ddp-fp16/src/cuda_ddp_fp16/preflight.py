@@ -53,6 +53,7 @@ from .preflight_checks import (
 )
 from .preflight_facts import (
     command_line,
+    mark_if_starting,
     nearest_existing,
     observe,
     probes_missing,
@@ -153,7 +154,9 @@ def local_facts(config: Config, resume: bool) -> dict[str, Any]:
         device: torch.device | str = resolve_device(config.device, local_rank)
     except ValueError as error:
         device = str(error)
-    return observe(config, resume, device, os.environ.get("GROUP_RANK") or socket.gethostname())
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    node = os.environ.get("GROUP_RANK") or socket.gethostname()
+    return observe(config, resume, world_size, device, node)
 
 
 def folder_lines(
@@ -187,7 +190,8 @@ def collective_line(runtime: Runtime, facts: list[dict[str, Any]], timeout: floa
     if len(nodes) > 1 and len({len(ranks) for ranks in nodes}) == 1:
         within, _ = dist.new_subgroups_by_enumeration(nodes)
         across, _ = dist.new_subgroups_by_enumeration([list(r) for r in zip(*nodes, strict=True)])
-        figures.append(f"within a node {gbps(size, runtime, within):.2f} GB/s")
+        if len(nodes[0]) > 1:  # one process a node: nothing within a node
+            figures.append(f"within a node {gbps(size, runtime, within):.2f} GB/s")
         figures.append(f"between nodes {gbps(size, runtime, across):.2f} GB/s")
     return Line("collective", PASS, f"{'; '.join(figures)} bus bandwidth ({dist.get_backend()})")
 
@@ -215,10 +219,12 @@ def step_line(exchange: RankExchange, config: Config, runtime: Runtime) -> Line:
     folder = None
     if runtime.is_main:
         folder = tempfile.mkdtemp(prefix=".preflight-", dir=nearest_existing(Path(config.run_dir)))
-    folder = exchange.share("rehearsal folder", folder)[0]
-    results = exchange.share("rehearsal", rehearse_or_error(config, runtime, Path(folder)))
-    if runtime.is_main:
-        shutil.rmtree(folder, ignore_errors=True)
+    try:
+        folder = exchange.share("rehearsal folder", folder)[0]
+        results = exchange.share("rehearsal", rehearse_or_error(config, runtime, Path(folder)))
+    finally:  # also when a rank did not answer, or on Ctrl-C
+        if runtime.is_main:
+            shutil.rmtree(folder, ignore_errors=True)
     return rehearsal_line(results)
 
 
@@ -252,6 +258,8 @@ def _run_checks(
         RanksMissing: ranks did not answer a phase in time.
     """
     rank, world_size = exchange.rank, exchange.world_size
+    if rank == 0:
+        mark_if_starting(config, resume, args)
     start = time.monotonic()
     facts = exchange.share("facts", local_facts(config, resume))
     lines.append(joined_line(world_size, [], time.monotonic() - start, "facts"))
@@ -267,14 +275,21 @@ def _run_checks(
         skipped = "not run: a check above failed"
         lines += [Line("collective", SKIP, skipped), Line("step", SKIP, skipped)]
         return
+    exchange.share("process group", True)  # names a rank that hangs before the group forms
     if world_size > 1:  # one process: init_runtime makes its own group
-        dist.init_process_group(
-            "nccl" if facts[rank]["device"]["type"] == "cuda" else "gloo",
-            store=exchange.process_group_store(),
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=args.timeout),
-        )
+        try:
+            dist.init_process_group(
+                "nccl" if facts[rank]["device"]["type"] == "cuda" else "gloo",
+                store=exchange.process_group_store(),
+                rank=rank,
+                world_size=world_size,
+                timeout=timedelta(seconds=args.timeout),
+            )
+        except dist.DistError as error:
+            reason = str(error).strip().splitlines()[0][:200]
+            lines.append(Line("collective", FAIL, f"the process group did not form: {reason}"))
+            lines.append(Line("step", SKIP, "not run: a check above failed"))
+            return
     runtime = init_runtime(config.device)
     try:
         lines.append(collective_line(runtime, facts, args.timeout))

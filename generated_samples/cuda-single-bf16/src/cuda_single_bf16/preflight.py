@@ -36,7 +36,14 @@ from .preflight_checks import (
     table,
     verdict_summary,
 )
-from .preflight_facts import command_line, nearest_existing, observe, remove_probe, write_probe
+from .preflight_facts import (
+    command_line,
+    mark_if_starting,
+    nearest_existing,
+    observe,
+    remove_probe,
+    write_probe,
+)
 from .preflight_step import rehearse_or_error
 from .runtime import init_runtime, resolve_device, shutdown_runtime
 
@@ -49,7 +56,8 @@ def checks(config: Config, resume: bool, args: Any) -> list[Line]:
         device: torch.device | str = resolve_device(config.device)
     except ValueError as error:
         device = str(error)
-    facts = [observe(config, resume, device, socket.gethostname())]
+    mark_if_starting(config, resume, args)
+    facts = [observe(config, resume, 1, device, socket.gethostname())]
     lines = [plan_line(PLANNED, facts, config.global_batch_size(1))]
     lines.append(devices_line(PLANNED, facts, config.device, PRECISION))
     lines.append(code_line(facts))

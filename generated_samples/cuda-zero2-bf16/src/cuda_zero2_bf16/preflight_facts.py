@@ -4,10 +4,12 @@ a fingerprint of its code, config and data, its run folder's disk and its host's
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import shutil
 import socket
@@ -18,15 +20,17 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from .checkpoint import complete_checkpoints
 from .config import Config, command_line_parser, config_from_arguments
 from .data import build_datasets
-from .run_folder import NotARunFolder, holds_a_run
+from .resume import check_resumable, fit_to_checkpoint
+from .run_folder import NotARunFolder, holds_a_run, in_use, in_use_message, mark_as_a_run
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 PROJECT_ROOT = PACKAGE_DIR.parents[1]
 # The launcher variables a check reads: the ranks and sizes of "Environment Variables" in the
-# torch.distributed.run docs, and SLURM's task and node counts (sbatch(1), "OUTPUT ENVIRONMENT
-# VARIABLES").
+# torch.distributed.run docs, and the task and node counts of a SLURM job step (srun(1),
+# "OUTPUT ENVIRONMENT VARIABLES").
 LAUNCHER_VARIABLES = (
     "RANK",
     "WORLD_SIZE",
@@ -35,10 +39,8 @@ LAUNCHER_VARIABLES = (
     "GROUP_RANK",
     "TORCHELASTIC_RUN_ID",
     "SLURM_JOB_ID",
-    "SLURM_NTASKS",
-    "SLURM_NNODES",
-    "SLURM_NTASKS_PER_NODE",
-    "SLURM_GPUS_ON_NODE",
+    "SLURM_STEP_NUM_TASKS",
+    "SLURM_STEP_NUM_NODES",
 )
 
 
@@ -131,40 +133,77 @@ def resident_bytes() -> int:
 def command_line(argv: list[str] | None, description: str) -> tuple[Config, bool, Any]:
     """The training command line (`--config`, overrides, `--resume`; config.py) and the
     preflight's own flags: `--no-step`, `--timeout` (seconds a phase waits for the ranks) and
-    `--disk-limit-gib` (a quota below the free space). Returns (Config, resume, arguments).
+    `--disk-limit-gib` (a quota below the free space) and `--starts-run`
+    (`mark_if_starting`). Returns (Config, resume, arguments).
 
     Raises:
         ValueError: see `config.load_config`.
     """
     parser = command_line_parser(description)
     parser.add_argument("--no-step", action="store_true", help="skip the step and checkpoint")
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for ranks")
+    parser.add_argument("--timeout", type=positive, default=120.0, help="seconds to wait for ranks")
     parser.add_argument(
         "--disk-limit-gib",
-        type=float,
+        type=positive,
         default=None,
         help="GiB this run may write, when a quota allows less than the free space",
+    )
+    parser.add_argument(
+        "--starts-run",
+        action="store_true",
+        help="the first phase of a run (launch/slurm.sbatch): mark run_dir as the run's",
     )
     args = parser.parse_intermixed_args(argv)
     return config_from_arguments(args), args.resume, args
 
 
-def run_folder_conflict(config: Config, resume: bool) -> str:
-    """Why the run would refuse its run folder at once ('' when it would not): a folder that
-    holds a run, without `--resume`; one where no run started, with it."""
-    checkpoints = Path(config.run_dir) / "checkpoints"
-    if not resume and checkpoints.is_dir() and any(checkpoints.iterdir()):
-        return f"{config.run_dir} already holds a run; pass --resume or run_dir=NEW"
-    if resume and not holds_a_run(config.run_dir):
-        return str(NotARunFolder(config.run_dir))
+def positive(text: str) -> float:
+    """An argparse type: a number > 0.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else (argparse exits with status 2).
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"needs a number > 0, got {text!r}")
+    return value
+
+
+def run_folder_conflict(config: Config, resume: bool, world_size: int) -> str:
+    """Why a run of `world_size` processes would refuse its run folder at once ('' when it
+    would not), by the run's own rules: a run going on there; without `--resume`, a folder
+    that holds checkpoints; with it, a folder where no run started, or a latest checkpoint
+    `resume.check_resumable` refuses (another world size, changed settings or data)."""
+    run_dir = Path(config.run_dir)
+    if in_use(run_dir):
+        return in_use_message(run_dir)
+    checkpoints = run_dir / "checkpoints"
+    saved = checkpoints.is_dir() and any(not p.name.startswith(".") for p in checkpoints.iterdir())
+    if not resume:
+        return f"{run_dir} already holds a run; pass --resume or run_dir=NEW" if saved else ""
+    if not holds_a_run(run_dir):
+        return str(NotARunFolder(run_dir))
+    latest = next(complete_checkpoints(checkpoints), None)
+    if latest is None:
+        return ""
+    try:
+        check_resumable(latest, fit_to_checkpoint(config, world_size, resume), world_size)
+    except ValueError as error:
+        return str(error)
     return ""
 
 
-def observe(config: Config, resume: bool, device: torch.device | str, node: str) -> dict[str, Any]:
+def observe(
+    config: Config, resume: bool, world_size: int, device: torch.device | str, node: str
+) -> dict[str, Any]:
     """Every fact of this process the checks compare (JSON-serialisable): `device` is the one
     the run resolves to, or the error that resolving it raised; `node` names this process's
     machine (the launcher's node rank where it gives one, else the host name). Builds the
-    datasets as the run does (`data` is their fingerprint, or `error: ...`)."""
+    datasets as the run does (`data` is their fingerprint, or `error: ...`) and judges the
+    run folder as a run of `world_size` processes would (`run_conflict`)."""
     run_dir = Path(config.run_dir)
     disk_at = nearest_existing(run_dir)
     devices = device_facts(device) if isinstance(device, torch.device) else {"error": device}
@@ -174,7 +213,7 @@ def observe(config: Config, resume: bool, device: torch.device | str, node: str)
         data = f"error: {error}"
     return {
         "data": data,
-        "run_conflict": run_folder_conflict(config, resume),
+        "run_conflict": run_folder_conflict(config, resume, world_size),
         "host": socket.gethostname(),
         "node": node,
         "launcher": {name: os.environ.get(name) for name in LAUNCHER_VARIABLES},
@@ -207,6 +246,15 @@ def probes_missing(run_dir: Path, names: list[str]) -> list[str]:
     """The probe files of `names` this process cannot see in `run_dir`'s folder."""
     folder = nearest_existing(run_dir)
     return [name for name in names if not (folder / name).is_file()]
+
+
+def mark_if_starting(config: Config, resume: bool, args: argparse.Namespace) -> None:
+    """With `--starts-run` and without `--resume`, mark run_dir as a run's (`run_folder.
+    mark_as_a_run`, as a training launch does first): the preflight is then the run's first
+    phase, and a job requeued before its training started resumes at step 0 (its `--resume`
+    would otherwise be refused). Call it on the main process."""
+    if args.starts_run and not resume:
+        mark_as_a_run(config.run_dir)
 
 
 def remove_probe(run_dir: Path, name: str) -> None:

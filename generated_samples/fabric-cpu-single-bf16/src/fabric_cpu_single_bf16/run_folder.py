@@ -95,15 +95,34 @@ class RunFolderLock:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(descriptor)
-            holder = self.path.read_text(encoding="utf-8").strip() or "another process"
-            return (
-                f"{self.path.parent} is in use by {holder}; wait for that run to end, "
-                "stop it, or pass run_dir=NEW"
-            )
+            return in_use_message(self.path.parent)
         self.closer = weakref.finalize(self, os.close, descriptor)  # also when collected
         os.ftruncate(descriptor, 0)
         os.write(descriptor, f"pid {os.getpid()} on {os.uname().nodename}\n".encode())
         return None
+
+
+def in_use_message(run_dir: str | Path) -> str:
+    """What to do about a run folder whose lock a live run holds, naming the holder."""
+    holder = (Path(run_dir) / LOCK_FILE).read_text(encoding="utf-8").strip() or "another process"
+    fix = "wait for that run to end, stop it, or pass run_dir=NEW"
+    return f"{run_dir} is in use by {holder}; {fix}"
+
+
+def in_use(run_dir: str | Path) -> bool:
+    """True if a live process holds `run_dir`'s lock (a run is going on there); takes and drops
+    the lock to tell, creating nothing."""
+    try:
+        descriptor = os.open(Path(run_dir) / LOCK_FILE, os.O_RDWR)
+    except OSError:  # no lock file (no run), or one this process cannot open
+        return False
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(descriptor)  # also drops a lock taken here
+    return False
 
 
 def remove_stale_temporaries(run_dir: Path) -> list[Path]:
