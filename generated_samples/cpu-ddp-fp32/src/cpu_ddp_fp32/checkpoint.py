@@ -120,6 +120,12 @@ def complete_checkpoints(directory: Path) -> Iterator[Checkpoint]:
             yield Checkpoint(folder, state, fallback=folder != last)
 
 
+def holds_checkpoints(directory: Path) -> bool:
+    """True if `directory` holds a checkpoint, loadable or not (a killed save's hidden
+    temporaries do not count: a run killed in its first save starts afresh)."""
+    return directory.is_dir() and any(not path.name.startswith(".") for path in directory.iterdir())
+
+
 def find_latest(directory: Path) -> Checkpoint | None:
     """The newest complete checkpoint whose `trainer.pt` loads, or None if there is none."""
     return next(complete_checkpoints(directory), None)
@@ -156,10 +162,8 @@ class CheckpointManager:
         self.stall_seconds: list[float] = []  # the training thread's time in each save
 
     def has_checkpoints(self) -> bool:
-        """True if the checkpoint folder holds a checkpoint, loadable or not (a killed save's
-        hidden temporaries do not count: a run killed in its first save starts afresh)."""
-        folder = self.directory
-        return folder.is_dir() and any(not path.name.startswith(".") for path in folder.iterdir())
+        """See `holds_checkpoints`."""
+        return holds_checkpoints(self.directory)
 
     def candidates(self) -> list[Checkpoint]:
         """See `complete_checkpoints`."""

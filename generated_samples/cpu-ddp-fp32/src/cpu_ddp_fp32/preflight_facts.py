@@ -20,10 +20,11 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from .checkpoint import complete_checkpoints
+from .build import build_on_meta
+from .checkpoint import complete_checkpoints, holds_checkpoints
 from .config import Config, command_line_parser, config_from_arguments
 from .data import build_datasets
-from .resume import check_resumable, fit_to_checkpoint
+from .resume import check_resumable, fit_to_checkpoint, fresh_start_refusal
 from .run_folder import NotARunFolder, holds_a_run, in_use, in_use_message, mark_as_a_run
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -180,9 +181,8 @@ def run_folder_conflict(config: Config, resume: bool, world_size: int) -> str:
     if in_use(run_dir):
         return in_use_message(run_dir)
     checkpoints = run_dir / "checkpoints"
-    saved = checkpoints.is_dir() and any(not p.name.startswith(".") for p in checkpoints.iterdir())
     if not resume:
-        return f"{run_dir} already holds a run; pass --resume or run_dir=NEW" if saved else ""
+        return fresh_start_refusal(run_dir) if holds_checkpoints(checkpoints) else ""
     if not holds_a_run(run_dir):
         return str(NotARunFolder(run_dir))
     latest = next(complete_checkpoints(checkpoints), None)
@@ -201,8 +201,9 @@ def observe(
     """Every fact of this process the checks compare (JSON-serialisable): `device` is the one
     the run resolves to, or the error that resolving it raised; `node` names this process's
     machine (the launcher's node rank where it gives one, else the host name). Builds the
-    datasets as the run does (`data` is their fingerprint, or `error: ...`) and judges the
-    run folder as a run of `world_size` processes would (`run_conflict`)."""
+    datasets as the run does (`data` is their fingerprint, or `error: ...`) and the model on
+    the meta device (`parameters`), and judges the run folder as a run of `world_size`
+    processes would (`run_conflict`)."""
     run_dir = Path(config.run_dir)
     disk_at = nearest_existing(run_dir)
     devices = device_facts(device) if isinstance(device, torch.device) else {"error": device}
@@ -213,6 +214,7 @@ def observe(
     return {
         "data": data,
         "run_conflict": run_folder_conflict(config, resume, world_size),
+        "parameters": sum(parameter.numel() for parameter in build_on_meta(config).parameters()),
         "host": socket.gethostname(),
         "node": node,
         "launcher": {name: os.environ.get(name) for name in LAUNCHER_VARIABLES},

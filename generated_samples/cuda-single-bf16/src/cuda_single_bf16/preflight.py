@@ -18,20 +18,16 @@ from typing import Any
 
 import torch
 
-from .build import build_on_meta
 from .config import Config, user_errors
 from .engine import PRECISION
 from .planned import PLANNED
 from .preflight_checks import (
     FAIL,
+    NOT_RUN,
     SKIP,
     Line,
-    code_line,
-    data_line,
-    devices_line,
-    plan_line,
+    agreement_lines,
     rehearsal_line,
-    same_everywhere,
     storage_lines,
     table,
     verdict_summary,
@@ -58,21 +54,15 @@ def checks(config: Config, resume: bool, args: Any) -> list[Line]:
         device = str(error)
     mark_if_starting(config, resume, args)
     facts = [observe(config, resume, 1, device, socket.gethostname())]
-    lines = [plan_line(PLANNED, facts, config.global_batch_size(1))]
-    lines.append(devices_line(PLANNED, facts, config.device, PRECISION))
-    lines.append(code_line(facts))
-    lines.append(same_everywhere("config", facts, "config", "resolved another config"))
-    lines.append(data_line(facts))
+    lines = agreement_lines(PLANNED, facts, config, PRECISION)
     run_dir = Path(config.run_dir)
     errors = [write_probe(run_dir, PROBE)]
     remove_probe(run_dir, PROBE)
-    parameters = sum(p.numel() for p in build_on_meta(config).parameters())
-    disk_limit = None if args.disk_limit_gib is None else int(args.disk_limit_gib * 2**30)
-    lines += storage_lines(config, facts, errors, [[]], parameters, disk_limit)
+    lines += storage_lines(config, facts, errors, [[]], args.disk_limit_gib)
     if args.no_step:
         return [*lines, Line("step", SKIP, "--no-step")]
     if any(line.verdict == FAIL for line in lines):
-        return [*lines, Line("step", SKIP, "not run: a check above failed")]
+        return [*lines, Line("step", SKIP, NOT_RUN)]
     runtime = init_runtime(config.device)
     folder = tempfile.mkdtemp(prefix=".preflight-", dir=nearest_existing(run_dir))
     try:

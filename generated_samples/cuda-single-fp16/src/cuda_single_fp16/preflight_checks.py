@@ -29,6 +29,7 @@ MEMORY_TOLERANCE = 0.9
 # same weights and batch give the same loss up to the order of a GPU's reductions.
 LOSS_TOLERANCE = 1e-5
 EVERY_RANK = " on every rank"
+NOT_RUN = "not run: a check above failed"
 # Exit statuses: a check failed; ranks did not answer in time (set-up errors exit 1, bad
 # flags 2).
 CHECK_FAILED, RANKS_MISSING = 3, 4
@@ -172,6 +173,19 @@ def code_line(facts: list[dict[str, Any]]) -> Line:
     return line
 
 
+def agreement_lines(
+    planned: Allocation, facts: list[dict[str, Any]], config: Config, precision: str
+) -> list[Line]:
+    """The lines judged from every rank's facts alone: the plan's process count, the devices,
+    and the same code, config and data everywhere."""
+    global_batch = config.global_batch_size(len(facts))
+    lines = [plan_line(planned, facts, global_batch)]
+    lines.append(devices_line(planned, facts, config.device, precision))
+    lines.append(code_line(facts))
+    lines.append(same_everywhere("config", facts, "config", "resolved another config"))
+    return [*lines, data_line(facts)]
+
+
 def data_line(facts: list[dict[str, Any]]) -> Line:
     """The data loads on every rank, with the same fingerprint."""
     if failed := [rank for rank, fact in enumerate(facts) if fact["data"].startswith("error:")]:
@@ -203,14 +217,15 @@ def storage_lines(
     facts: list[dict[str, Any]],
     write_errors: list[str],
     unseen: list[list[str]],
-    parameters: int,
-    disk_limit: int | None,
+    disk_limit_gib: float | None,
 ) -> list[Line]:
-    """The run folder, disk and host memory lines of a model of `parameters`, with
-    `disk_limit` bytes a quota allows (None: none)."""
+    """The run folder, disk and host memory lines of the model the facts counted, with
+    `disk_limit_gib` GiB a quota allows (None: none)."""
+    parameters = facts[0]["parameters"]
     folder = run_folder_line(facts, config.run_dir, write_errors, unseen)
     one = CHECKPOINT_BYTES_PER_PARAMETER * parameters
-    disk = disk_line(facts, config.run_dir, config.keep_last, one, 4 * parameters, disk_limit)
+    limit = None if disk_limit_gib is None else int(disk_limit_gib * GIB)
+    disk = disk_line(facts, config.run_dir, config.keep_last, one, 4 * parameters, limit)
     return [folder, disk, host_memory_line(facts, config.num_workers, parameters)]
 
 

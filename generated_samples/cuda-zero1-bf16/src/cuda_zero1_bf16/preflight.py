@@ -28,25 +28,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .build import build_on_meta
 from .config import Config, user_errors
 from .engine import PRECISION
 from .planned import PLANNED
 from .preflight_checks import (
     FAIL,
+    NOT_RUN,
     PASS,
     SKIP,
     Line,
+    agreement_lines,
     bus_bandwidth,
-    code_line,
-    data_line,
-    devices_line,
     joined_line,
     launcher_line,
     nodes_of,
-    plan_line,
     rehearsal_line,
-    same_everywhere,
     storage_lines,
     table,
     verdict_summary,
@@ -160,18 +156,19 @@ def local_facts(config: Config, resume: bool) -> dict[str, Any]:
 
 
 def folder_lines(
-    exchange: RankExchange, config: Config, facts: list[dict[str, Any]], disk_limit: int | None
+    exchange: RankExchange,
+    config: Config,
+    facts: list[dict[str, Any]],
+    disk_limit_gib: float | None,
 ) -> list[Line]:
     """The run folder (written by every rank, each rank's file seen by all), the disk and the
     host memory."""
     run_dir = Path(config.run_dir)
-    names = [f".preflight-rank{rank}-{os.getpid()}" for rank in range(exchange.world_size)]
-    names = exchange.share("probe names", names[exchange.rank])
+    names = exchange.share("probe names", f".preflight-rank{exchange.rank}-{os.getpid()}")
     errors = exchange.share("probe written", write_probe(run_dir, names[exchange.rank]))
     unseen = exchange.share("probes seen", probes_missing(run_dir, names))
     remove_probe(run_dir, names[exchange.rank])
-    parameters = sum(p.numel() for p in build_on_meta(config).parameters())
-    return storage_lines(config, facts, errors, unseen, parameters, disk_limit)
+    return storage_lines(config, facts, errors, unseen, disk_limit_gib)
 
 
 def collective_line(runtime: Runtime, facts: list[dict[str, Any]], timeout: float) -> Line:
@@ -264,16 +261,10 @@ def _run_checks(
     facts = exchange.share("facts", local_facts(config, resume))
     lines.append(joined_line(world_size, [], time.monotonic() - start, "facts"))
     lines.append(launcher_line(facts))
-    lines.append(plan_line(PLANNED, facts, config.global_batch_size(world_size)))
-    lines.append(devices_line(PLANNED, facts, config.device, PRECISION))
-    lines.append(code_line(facts))
-    lines.append(same_everywhere("config", facts, "config", "resolved another config"))
-    lines.append(data_line(facts))
-    disk_limit = None if args.disk_limit_gib is None else int(args.disk_limit_gib * 2**30)
-    lines += folder_lines(exchange, config, facts, disk_limit)
+    lines += agreement_lines(PLANNED, facts, config, PRECISION)
+    lines += folder_lines(exchange, config, facts, args.disk_limit_gib)
     if any(line.verdict == FAIL and line.check in PREREQUISITES for line in lines):
-        skipped = "not run: a check above failed"
-        lines += [Line("collective", SKIP, skipped), Line("step", SKIP, skipped)]
+        lines += [Line("collective", SKIP, NOT_RUN), Line("step", SKIP, NOT_RUN)]
         return
     exchange.share("process group", True)  # names a rank that hangs before the group forms
     if world_size > 1:  # one process: init_runtime makes its own group
@@ -288,7 +279,7 @@ def _run_checks(
         except dist.DistError as error:
             reason = str(error).strip().splitlines()[0][:200]
             lines.append(Line("collective", FAIL, f"the process group did not form: {reason}"))
-            lines.append(Line("step", SKIP, "not run: a check above failed"))
+            lines.append(Line("step", SKIP, NOT_RUN))
             return
     runtime = init_runtime(config.device)
     try:
@@ -296,7 +287,7 @@ def _run_checks(
         if args.no_step:
             lines.append(Line("step", SKIP, "--no-step"))
         elif any(line.verdict == FAIL for line in lines):
-            lines.append(Line("step", SKIP, "not run: a check above failed"))
+            lines.append(Line("step", SKIP, NOT_RUN))
         else:
             lines.append(step_line(exchange, config, runtime))
     finally:

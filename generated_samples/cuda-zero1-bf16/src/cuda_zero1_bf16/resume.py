@@ -297,6 +297,14 @@ def enter_run_folder(config: Config, runtime: Runtime, resume: bool) -> None:
         mark_as_a_run(config.run_dir)
 
 
+def fresh_start_refusal(run_dir: str | Path) -> str:
+    """Why a launch without `--resume` may not start in `run_dir`, which holds checkpoints."""
+    return (
+        f"{run_dir} already holds a run; pass --resume to continue it "
+        "or run_dir=NEW to start another"
+    )
+
+
 def start_or_resume(
     checkpoints: CheckpointManager,
     state: TrainState,
@@ -317,10 +325,7 @@ def start_or_resume(
     config = checkpoints.config
     if not resume:
         if checkpoints.has_checkpoints():
-            raise ValueError(
-                f"{config.run_dir} already holds a run; pass --resume to continue it "
-                "or run_dir=NEW to start another"
-            )
+            raise ValueError(fresh_start_refusal(config.run_dir))
         return None
     candidates = checkpoints.candidates()
     if not candidates:
