@@ -170,6 +170,7 @@ PROJECT_IMPORTS = frozenset(
         "wandb",
         "tokenizers",
         "pyarrow",
+        "zstandard",
         "pytest",
         "conftest",  # the project's tests/conftest.py
         "launcher",  # tests/launcher.py

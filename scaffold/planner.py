@@ -238,6 +238,7 @@ def plan(answers: Answers) -> Plan:
     if fit.fits:  # else micro-batch 1 is no measure of the device: keep the recipe's batch
         recipe = within_accumulation(recipe, fit.micro_batch, answers.world_size)
     settings = _settings(answers, recipe, fit)
+    settings |= _run_length(recipe, shape.params, fit.micro_batch, settings, answers.world_size)
     resolved = dataclasses.replace(answers, precision=precision.value, strategy=strategy.value)
     usable = usable_bytes(answers)
     return Plan(
@@ -663,6 +664,57 @@ def _settings(answers: Answers, recipe: Recipe, chosen: Fit) -> dict[str, Settin
         checkpointing = "off: the plan fits without recomputing activations"
     settings["activation_checkpointing"] = Setting(chosen.checkpointing, checkpointing)
     return settings
+
+
+# Compute-optimal training sees ~20 tokens per parameter (Hoffmann et al. 2022, "Training
+# Compute-Optimal Large Language Models", Table 3).
+TOKENS_PER_PARAMETER = 20
+VALIDATIONS_PER_RUN = 20
+# Tokens a validation pass reads: about nanoGPT's GPT-2 evaluation (eval_iters 200 x batch 12 x
+# 1024 tokens = 2.5M), enough for a loss estimate whose noise is far below the differences
+# early stopping and best-checkpoint selection act on.
+VALIDATION_TOKENS = 2**21
+
+
+def _run_length(
+    recipe: Recipe, params: int, micro_batch: int, settings: dict[str, Setting], world: int
+) -> dict[str, Setting]:
+    """How long the run is and how often it validates: for the language model, a budget of
+    TOKENS_PER_PARAMETER tokens per parameter (`max_tokens`; the run also ends after `epochs`
+    passes over a corpus that holds fewer), VALIDATIONS_PER_RUN validations over it
+    (`val_every`) of about VALIDATION_TOKENS each (`val_batches`); the digits CNN validates
+    its whole split at each epoch's end."""
+    if not recipe.block_size:
+        return {
+            "val_every": Setting(0, "at each epoch's end: the example's epochs are short"),
+            "val_batches": Setting(0, "the whole validation split at each validation"),
+        }
+    sequences = micro_batch * settings["grad_accum_steps"].value * world
+    tokens = _two_digits(TOKENS_PER_PARAMETER * params)
+    steps = math.ceil(tokens / (sequences * recipe.block_size))
+    every = max(1, _two_digits(steps / VALIDATIONS_PER_RUN))
+    batches = math.ceil(VALIDATION_TOKENS / (micro_batch * recipe.block_size * world))
+    return {
+        "max_tokens": Setting(
+            tokens,
+            f"~{TOKENS_PER_PARAMETER} tokens per parameter of the {params:,} rendered, "
+            f"compute-optimal (Hoffmann et al. 2022): {steps:,} optimizer steps; a smaller "
+            "corpus ends the run at `epochs` passes instead",
+        ),
+        "val_every": Setting(
+            every, f"~{VALIDATIONS_PER_RUN} validations over the {steps:,} steps of max_tokens"
+        ),
+        "val_batches": Setting(
+            batches,
+            f"~{VALIDATION_TOKENS / 2**20:g}M tokens a validation, as nanoGPT's GPT-2 "
+            "evaluation (200 x 12 x 1024); a smaller validation split is read whole",
+        ),
+    }
+
+
+def _two_digits(value: float) -> int:
+    """`value` rounded to two significant digits, as a whole number (2_186_260 -> 2_200_000)."""
+    return int(float(f"{value:.2g}"))
 
 
 def _tokenizer_sources(recipe: Recipe) -> tuple[str, str]:

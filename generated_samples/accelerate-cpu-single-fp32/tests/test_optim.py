@@ -72,7 +72,7 @@ def test_scheduler_steps_once_per_optimizer_step(config):
     assert trainer.state.step == -(-micro_batches // 3)
     assert trainer.scheduler.last_epoch == trainer.state.step
     # The LR logged with step s is the one step s ran at: factor(s - 1), s counting from 1.
-    factor = WarmupCosine(config.warmup_steps, trainer.steps_per_epoch, config.min_lr_ratio)
+    factor = WarmupCosine(config.warmup_steps, trainer.state.run_steps, config.min_lr_ratio)
     lines = (Path(config.run_dir) / "metrics.jsonl").read_text().splitlines()
     logged = [record for record in map(json.loads, lines) if record["kind"] == "train"]
     assert [r["step"] for r in logged] == list(range(1, trainer.state.step + 1))

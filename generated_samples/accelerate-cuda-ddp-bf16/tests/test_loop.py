@@ -14,7 +14,7 @@ from accelerate_cuda_ddp_bf16 import engine as engine_module
 from accelerate_cuda_ddp_bf16.data import build_datasets
 from accelerate_cuda_ddp_bf16.engine import Engine
 from accelerate_cuda_ddp_bf16.model import build_model
-from accelerate_cuda_ddp_bf16.resume import seed_everything
+from accelerate_cuda_ddp_bf16.resume import seed_all
 from accelerate_cuda_ddp_bf16.runtime import init_runtime
 from accelerate_cuda_ddp_bf16.task import loss_fn
 from accelerate_cuda_ddp_bf16.train import train_step
@@ -49,7 +49,7 @@ def tolerance() -> dict[str, float]:
 
 
 def first_batch(config, size: int = 64):
-    seed_everything(config.seed)
+    seed_all(config.seed)
     _, val_set = build_datasets(config)
     return val_set[list(range(size))]
 

@@ -105,6 +105,7 @@ def test_reports_switched_off_leave_no_file_behind(config):
     written = {path.name for path in Path(config.run_dir).iterdir()}
     basics = {"checkpoints", "config.json", "metrics.jsonl", "summary.json", "summary.md"}
     basics.add(".lock")  # run_folder.py: one run at a time in a folder
+    basics |= set(config.task_run_files())  # what the task keeps to use the weights later
     assert written == basics | {LAST_WEIGHTS_FILE}  # no validation: no best weights
     assert summary["files"] == {
         "best_weights": None,
@@ -125,7 +126,7 @@ def test_model_safetensors_holds_the_best_validated_weights_and_model_last_the_l
     settings = {"epochs": 2, "val_fraction": 0.9, "early_stop_patience": 0, "monitor": "val_loss"}
     config, validated = dataclasses.replace(config, **settings), []
 
-    def evaluate(engine, loader, between_batches):  # the first validation is the best
+    def evaluate(engine, loader, max_batches, between_batches):  # the first one is the best
         validated.append({key: value.clone() for key, value in engine.full_state_dict().items()})
         return dict.fromkeys(METRICS, 0.5) | {"val_loss": float(len(validated))}
 
@@ -152,6 +153,49 @@ def test_model_safetensors_holds_the_best_validated_weights_and_model_last_the_l
     markdown = (run_dir / "summary.md").read_text()
     assert f"best weights {run_dir / WEIGHTS_FILE} (step {best_step})" in markdown
     assert f"last weights {run_dir / LAST_WEIGHTS_FILE} (step {summary['steps']})" in markdown
+
+
+def test_a_step_budget_validates_every_val_every_steps_and_at_its_end(config):
+    """`max_steps` ends the run inside its first epoch; it validates every `val_every` steps
+    and at the end, each validation checkpointed (the best exported), and the LR schedule
+    spans the budget: its last step runs at the cosine's end."""
+    settings = {"epochs": 50, "max_steps": 11, "val_every": 4, "warmup_steps": 2}
+    config = dataclasses.replace(config, checkpoint_every=0, log_every=1, **settings)
+    trainer = Trainer(config, init_runtime("cpu"))
+    summary = trainer.fit()
+    run_dir = Path(config.run_dir)
+    assert trainer.state.run_steps == summary["steps"] == 11 and summary["epochs"] < 1
+    assert [record["step"] for record in logged_records(run_dir, "val")] == [4, 8, 11]
+    names = {folder.name for folder in step_folders(run_dir / "checkpoints")}
+    assert {"step-00000004", "step-00000008", "step-00000011"} <= names
+    assert summary["best"]["step"] in (4, 8, 11) and (run_dir / WEIGHTS_FILE).is_file()
+    progress = (10 - 2) / (11 - 2)  # step 11 runs at the factor of 0-based step 10
+    last = config.min_lr_ratio + (1 - config.min_lr_ratio) * (1 + math.cos(math.pi * progress)) / 2
+    lrs = [record["lr"] for record in logged_records(run_dir, "train")]
+    assert lrs[-1] == pytest.approx(config.lr * last)
+    assert json.loads((run_dir / "summary.json").read_text())["epochs"] == summary["epochs"]
+
+
+def test_early_stopping_counts_validations(config, monkeypatch):
+    config = dataclasses.replace(config, epochs=50, val_every=2, early_stop_patience=2)
+
+    def evaluate(engine, loader, max_batches, between_batches):  # better once, then worse
+        calls.append(1)
+        return dict.fromkeys(METRICS, 0.5) | {"val_loss": abs(len(calls) - 2) + 1.0}
+
+    calls = []
+    monkeypatch.setattr("cpu_single_bf16.train.evaluate", evaluate)
+    summary = Trainer(dataclasses.replace(config, monitor="val_loss"), init_runtime("cpu")).fit()
+    assert summary["early_stopped"] and summary["steps"] == 8 and len(calls) == 4
+    assert summary["best"]["step"] == 4
+
+
+def test_the_summary_json_holds_no_nan(config):
+    """Before a validation nothing is known of the metrics: JSON has no NaN, so null."""
+    summary = Trainer(dataclasses.replace(config, stop_after_steps=2), init_runtime("cpu")).fit()
+    text = (Path(summary["run_dir"]) / "summary.json").read_text()
+    written = json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in summary.json"))
+    assert written["best"]["value"] is None and all(written[name] is None for name in METRICS)
 
 
 def test_a_resume_with_nothing_left_keeps_the_runs_summary(config):
@@ -193,8 +237,8 @@ def test_resume_mid_epoch_reproduces_the_straight_run_bitwise(tmp_path, num_work
     # between the checkpoint and the end (checked below).
     micro_batch_size = TEST_SETTINGS["micro_batch_size"] // 2
     common = ["grad_accum_steps=2", "log_every=1", f"num_workers={num_workers}", "epochs=4"]
-    common += ["device=cpu", f"micro_batch_size={micro_batch_size}"]
-    k, kept = 15, 10  # step 10 falls mid-epoch (checked below)
+    common += ["device=cpu", f"micro_batch_size={micro_batch_size}", "val_every=4"]
+    k, kept = 15, 10  # step 10 falls mid-epoch (checked below), between validations 8 and 12
     runs = straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     train_here(*common, f"run_dir={straight.as_posix()!r}", f"stop_after_steps={2 * k}")
     stopped = [f"run_dir={resumed.as_posix()!r}", f"stop_after_steps={k}", "checkpoint_every=5"]

@@ -13,7 +13,7 @@ from cpu_single_fp32 import engine as engine_module
 from cpu_single_fp32.data import build_datasets
 from cpu_single_fp32.engine import Engine
 from cpu_single_fp32.model import build_model
-from cpu_single_fp32.resume import seed_everything
+from cpu_single_fp32.resume import seed_all
 from cpu_single_fp32.runtime import init_runtime
 from cpu_single_fp32.task import loss_fn
 from cpu_single_fp32.train import train_step
@@ -48,7 +48,7 @@ def tolerance() -> dict[str, float]:
 
 
 def first_batch(config, size: int = 64):
-    seed_everything(config.seed)
+    seed_all(config.seed)
     _, val_set = build_datasets(config)
     return val_set[list(range(size))]
 

@@ -14,7 +14,7 @@ from cuda_ddp_bf16 import engine as engine_module
 from cuda_ddp_bf16.data import build_datasets
 from cuda_ddp_bf16.engine import Engine
 from cuda_ddp_bf16.model import build_model
-from cuda_ddp_bf16.resume import seed_everything
+from cuda_ddp_bf16.resume import seed_all
 from cuda_ddp_bf16.runtime import init_runtime
 from cuda_ddp_bf16.task import loss_fn
 from cuda_ddp_bf16.train import train_step
@@ -49,7 +49,7 @@ def tolerance() -> dict[str, float]:
 
 
 def first_batch(config, size: int = 64):
-    seed_everything(config.seed)
+    seed_all(config.seed)
     _, val_set = build_datasets(config)
     return val_set[list(range(size))]
 

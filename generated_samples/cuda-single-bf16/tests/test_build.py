@@ -22,7 +22,7 @@ from cuda_single_bf16.build import (
 )
 from cuda_single_bf16.data import build_datasets
 from cuda_single_bf16.model import build_model
-from cuda_single_bf16.resume import seed_everything
+from cuda_single_bf16.resume import seed_all
 from cuda_single_bf16.task import EXPECTED_INITIAL_LOSS, loss_fn
 
 
@@ -102,7 +102,7 @@ def saved_and_gradients(model: nn.Module, batch, seed: int) -> tuple[int, dict[s
     hooks = []
     for unit in model.shard_units():
         hooks += [unit.register_forward_pre_hook(enter), unit.register_forward_hook(leave)]
-    seed_everything(seed)  # the same dropout draws in both models
+    seed_all(seed)  # the same dropout draws in both models
     inputs, targets = batch
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         loss = loss_fn(model(inputs), targets)

@@ -16,7 +16,7 @@ from fabric_cpu_ddp_fp32.data import build_datasets
 from fabric_cpu_ddp_fp32.engine import Engine
 from fabric_cpu_ddp_fp32.model import build_model
 from fabric_cpu_ddp_fp32.optim import build_optimizer, build_scheduler
-from fabric_cpu_ddp_fp32.resume import seed_everything
+from fabric_cpu_ddp_fp32.resume import seed_all
 from fabric_cpu_ddp_fp32.runtime import init_runtime
 from fabric_cpu_ddp_fp32.task import EXPECTED_INITIAL_LOSS, SUMS, eval_sums, loss_fn
 from fabric_cpu_ddp_fp32.train import train_step
@@ -28,7 +28,7 @@ def one_batch(config, size: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_initial_loss_is_ln_num_classes(config):
-    seed_everything(config.seed)
+    seed_all(config.seed)
     model = build_model(config).eval()
     inputs, targets = one_batch(config, 256)
     with torch.no_grad():
@@ -51,7 +51,7 @@ def test_overfits_one_batch(config):
     # test-size model to get there within the steps.
     settings = {"dropout": 0.0, "warmup_steps": 10, "weight_decay": 0.0, "lr": 2 * config.lr}
     config = dataclasses.replace(config, **settings)
-    seed_everything(config.seed)
+    seed_all(config.seed)
     make_optimizer = functools.partial(build_optimizer, config=config)
     engine = Engine(build_model(config), make_optimizer, init_runtime("cpu"), config)
     steps = 250

@@ -15,7 +15,7 @@ from fabric_lm_fsdp2_fp32 import train
 from fabric_lm_fsdp2_fp32.data import build_datasets
 from fabric_lm_fsdp2_fp32.engine import Engine
 from fabric_lm_fsdp2_fp32.model import build_model
-from fabric_lm_fsdp2_fp32.resume import seed_everything
+from fabric_lm_fsdp2_fp32.resume import seed_all
 from fabric_lm_fsdp2_fp32.runtime import init_runtime
 from fabric_lm_fsdp2_fp32.task import IGNORE_INDEX, eval_sums, loss_fn, micro_batch_weights
 from fabric_lm_fsdp2_fp32.train import train_step
@@ -50,7 +50,7 @@ def tolerance() -> dict[str, float]:
 
 
 def first_batch(config, size: int = 64):
-    seed_everything(config.seed)
+    seed_all(config.seed)
     _, val_set = build_datasets(config)
     return val_set[list(range(size))]
 

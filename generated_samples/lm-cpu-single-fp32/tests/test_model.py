@@ -17,7 +17,7 @@ from lm_cpu_single_fp32.engine import Engine
 from lm_cpu_single_fp32.generate import generate
 from lm_cpu_single_fp32.model import build_model
 from lm_cpu_single_fp32.optim import build_optimizer, build_scheduler
-from lm_cpu_single_fp32.resume import seed_everything
+from lm_cpu_single_fp32.resume import seed_all
 from lm_cpu_single_fp32.runtime import init_runtime
 from lm_cpu_single_fp32.task import EXPECTED_INITIAL_LOSS, SUMS, eval_sums, loss_fn
 from lm_cpu_single_fp32.train import train_step
@@ -29,7 +29,7 @@ def one_batch(config, size: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_initial_loss_is_ln_num_classes(config):
-    seed_everything(config.seed)
+    seed_all(config.seed)
     model = build_model(config).eval()
     inputs, targets = one_batch(config, 256)
     with torch.no_grad():
@@ -43,7 +43,7 @@ def test_no_position_sees_a_later_token(config):
     nonsense, and no other rung notices. The tokens after t change; the logits up to t must not
     (to a tolerance far below what one token moves, for models that mask with a large finite
     number), and those after t must (else the check proved nothing)."""
-    seed_everything(config.seed)
+    seed_all(config.seed)
     model = build_model(config).eval()  # no dropout: two passes differ only by their tokens
     tokens, _ = one_batch(config, 4)
     length = tokens.shape[1]
@@ -76,7 +76,7 @@ def test_overfits_one_batch(config):
     # test-size model to get there within the steps.
     settings = {"dropout": 0.0, "warmup_steps": 10, "weight_decay": 0.0, "lr": 2 * config.lr}
     config = dataclasses.replace(config, **settings)
-    seed_everything(config.seed)
+    seed_all(config.seed)
     make_optimizer = functools.partial(build_optimizer, config=config)
     engine = Engine(build_model(config), make_optimizer, init_runtime("cpu"), config)
     steps = 250

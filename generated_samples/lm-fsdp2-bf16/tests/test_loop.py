@@ -15,7 +15,7 @@ from lm_fsdp2_bf16 import train
 from lm_fsdp2_bf16.data import build_datasets
 from lm_fsdp2_bf16.engine import Engine
 from lm_fsdp2_bf16.model import build_model
-from lm_fsdp2_bf16.resume import seed_everything
+from lm_fsdp2_bf16.resume import seed_all
 from lm_fsdp2_bf16.runtime import init_runtime
 from lm_fsdp2_bf16.task import IGNORE_INDEX, eval_sums, loss_fn, micro_batch_weights
 from lm_fsdp2_bf16.train import train_step
@@ -50,7 +50,7 @@ def tolerance() -> dict[str, float]:
 
 
 def first_batch(config, size: int = 64):
-    seed_everything(config.seed)
+    seed_all(config.seed)
     _, val_set = build_datasets(config)
     return val_set[list(range(size))]
 

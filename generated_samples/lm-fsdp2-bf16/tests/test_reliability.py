@@ -93,14 +93,14 @@ def test_a_stop_signal_checkpoints_and_the_resumed_run_ends_bitwise(straight, tm
         on_forward(trainer, act)
     with pytest.raises(Preempted, match="SIGTERM"):
         trainer.fit()
-    stopped_at = trainer.steps_per_epoch if STOPS[where] == "last" else STOPS[where]
+    stopped_at = trainer.state.run_steps if STOPS[where] == "last" else STOPS[where]
     saved = find_latest(Path(config.run_dir) / "checkpoints")
     assert saved.state["components"]["progress"]["step"] == stopped_at
     Trainer(config, init_runtime("cpu"), resume=True).fit()
     expected, resumed = exported_weights(Path(straight.run_dir)), exported_weights(tmp_path / "run")
     assert all(torch.equal(resumed[name], value) for name, value in expected.items())
     logged = train_steps_logged(tmp_path / "run")
-    assert logged == list(range(1, trainer.steps_per_epoch + 1)), "each step logged once"
+    assert logged == list(range(1, trainer.state.run_steps + 1)), "each step logged once"
 
 
 def test_the_stop_notice_starts_a_line_of_its_own(config, capsys):
@@ -150,12 +150,15 @@ def test_validation_pads_to_the_most_batches_and_counts_each_sample_once(config,
     evals = []
     trainer.engine.model.register_forward_hook(lambda module, args, output: evals.append(1))
     batches = len(trainer.val_loader)
-    exact = evaluate(trainer.engine, trainer.val_loader, lambda: None)
+    exact = evaluate(trainer.engine, trainer.val_loader, 0, lambda: None)
     # as if another rank had two more validation batches than this one
     monkeypatch.setattr(loader, "most_eval_batches", lambda *args: batches + 2)
-    padded = evaluate(trainer.engine, trainer.val_loader, lambda: None)
+    padded = evaluate(trainer.engine, trainer.val_loader, 0, lambda: None)
     assert len(evals) == 2 * batches + 2 and passes[0] == 0
     assert padded == exact, "the padding passes count nothing"
+    evals.clear()
+    bounded = evaluate(trainer.engine, trainer.val_loader, 2, lambda: None)  # val_batches=2
+    assert len(evals) == 2 and bounded != exact, "the first two batches only"
 
 
 def poison(output):

@@ -15,7 +15,7 @@ from mps_single_fp32.data import build_datasets
 from mps_single_fp32.engine import Engine
 from mps_single_fp32.model import build_model
 from mps_single_fp32.optim import build_scheduler
-from mps_single_fp32.resume import seed_everything
+from mps_single_fp32.resume import seed_all
 from mps_single_fp32.runtime import init_runtime
 from mps_single_fp32.task import loss_fn
 from mps_single_fp32.train import train_step
@@ -50,7 +50,7 @@ def tolerance() -> dict[str, float]:
 
 
 def first_batch(config, size: int = 64):
-    seed_everything(config.seed)
+    seed_all(config.seed)
     _, val_set = build_datasets(config)
     return val_set[list(range(size))]
 

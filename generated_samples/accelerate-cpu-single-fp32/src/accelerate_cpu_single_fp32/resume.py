@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from torch.utils.data import DataLoader
 from .checkpoint import FORMAT_VERSION, Checkpoint, CheckpointManager, find_latest
 from .config import Config
 from .loader import epoch_iterator
+from .optim import respan
 from .progress import TrainState
 from .run_folder import NotARunFolder, holds_a_run, mark_as_a_run
 from .runtime import Runtime, any_process
@@ -42,13 +44,13 @@ from .runtime import Runtime, any_process
 # be recorded but not applied); the task adds its data settings (`task_resume_keys`). To
 # change them, start a new run_dir from the saved weights.
 RESUME_INVARIANTS = ("seed", "model_size", "micro_batch_size", "grad_accum_steps")
-RESUME_INVARIANTS += ("epochs", "lr", "min_lr_ratio", "warmup_steps", "weight_decay")
+RESUME_INVARIANTS += ("epochs", "max_steps", "lr", "min_lr_ratio", "warmup_steps", "weight_decay")
 RESUME_INVARIANTS += ("beta1", "beta2")
 # A resume on another world size keeps their product with it, the global batch, instead.
 BATCH_SPLIT = ("micro_batch_size", "grad_accum_steps")
 
 
-def seed_everything(seed: int) -> None:
+def seed_all(seed: int) -> None:
     """Seed Python, numpy and torch (CPU and every CUDA device)."""
     random.seed(seed)
     np.random.seed(seed)
@@ -182,6 +184,14 @@ class DataPosition:
         self.epoch_start_state = loader.generator.get_state()
         self.pending_rng: dict[str, Any] | None = None
         self.replay = True  # read the skipped batches again: their random streams are ours
+        self.iterator: Iterator | None = None  # the current epoch's, across validations
+
+    def batches_from(self, epoch: int, skip: int) -> Iterator:
+        """The current epoch's micro-batches: an iterator `begin_epoch` starts after `skip`
+        on the epoch's first call, and the same one, where it left off, until `end_epoch`."""
+        if self.iterator is None:
+            self.iterator = self.begin_epoch(epoch, skip)
+        return self.iterator
 
     def begin_epoch(self, epoch: int, skip: int) -> Iterator:
         """The batches of `epoch` after the first `skip` (micro-batches already trained on)."""
@@ -214,7 +224,7 @@ class DataPosition:
         seed every RNG and the loader generator from `derived_seed(seed, step, rank)`, and let
         the next `begin_epoch` skip the batches trained on without reading them."""
         derived = derived_seed(seed, step, rank)
-        seed_everything(derived)
+        seed_all(derived)
         self.epoch_start_state = torch.Generator().manual_seed(derived).get_state()
         self.pending_rng, self.replay = None, False
 
@@ -223,9 +233,16 @@ class DataPosition:
         """Micro-batches in one epoch of the training loader."""
         return len(self.loader)
 
+    def close(self) -> None:
+        """Let the current epoch's iterator, and any loader workers it keeps, go: the run is
+        over (they hold the run folder's lock, which a forked worker shares)."""
+        self.iterator = None
+
     def end_epoch(self) -> None:
-        """Record where the next epoch starts."""
+        """Record where the next epoch starts; let the finished epoch's iterator (and any
+        loader workers it keeps) go."""
         self.epoch_start_state = self.loader.generator.get_state()
+        self.iterator = None
 
     def state_dict(self) -> dict[str, Any]:
         """The live RNG states and the generator state at the epoch's start."""
@@ -237,14 +254,28 @@ class DataPosition:
         self.pending_rng = state["rng"]
 
 
-def check_resumable(checkpoint: Checkpoint, config: Config, world_size: int) -> None:
+def starting_state(config: Config, loader: DataLoader, world_size: int) -> TrainState:
+    """Where a run over `loader` at `world_size` starts: step 0 of its first epoch, at the
+    data position of `loader`, with its step budget and its length in steps (the epochs'
+    steps of `grad_accum_steps` micro-batches, or a budget that ends it sooner)."""
+    steps_per_epoch = math.ceil(len(loader) / config.grad_accum_steps)
+    return TrainState(
+        data=DataPosition(loader),
+        step_budget=config.step_budget(world_size),
+        run_steps=config.run_steps(steps_per_epoch, world_size),
+    )
+
+
+def check_resumable(checkpoint: Checkpoint, config: Config, world_size: int) -> str | None:
     """Refuse a checkpoint this run cannot continue: exactly, or on another world size where
-    the config allows it (`world_size_refusal`), with the same global batch.
+    the config allows it (`world_size_refusal`), with the same global batch, or on changed
+    data where it allows that (`data_change`). Returns that change in words, or None.
 
     Raises:
         ValueError: another checkpoint format, a process count `world_size_refusal` refuses,
-            or a changed `RESUME_INVARIANTS` or task data setting (on another world size the
-            global batch stands in for micro_batch_size and grad_accum_steps).
+            a changed `RESUME_INVARIANTS` or task setting (on another world size the global
+            batch stands in for micro_batch_size and grad_accum_steps), or changed data that
+            `data_change` refuses.
     """
     saved_format = checkpoint.state.get("format", 1)
     if saved_format != FORMAT_VERSION:
@@ -255,10 +286,12 @@ def check_resumable(checkpoint: Checkpoint, config: Config, world_size: int) -> 
     saved_world = len(checkpoint.state["ranks"])
     if reason := world_size_refusal(checkpoint, config, world_size):
         raise ValueError(reason)
-    saved = checkpoint.state["config"]
-    keys = RESUME_INVARIANTS + config.task_resume_keys
+    # The task's keys that are not settings (values it derives from its data) are its
+    # `task_data_change`'s to compare.
+    defaults = {field.name: field.default for field in dataclasses.fields(config)}
+    keys = [key for key in RESUME_INVARIANTS + config.task_resume_keys if key in defaults]
     if saved_world != world_size:
-        keys = tuple(key for key in keys if key not in BATCH_SPLIT)
+        keys = [key for key in keys if key not in BATCH_SPLIT]
         saved_batch = saved_global_batch(checkpoint)
         if config.global_batch_size(world_size) != saved_batch:
             raise ValueError(
@@ -266,19 +299,41 @@ def check_resumable(checkpoint: Checkpoint, config: Config, world_size: int) -> 
                 f"(the checkpoint has {saved_batch}); keep micro_batch_size x "
                 f"grad_accum_steps x processes at {saved_batch} or pass run_dir=NEW"
             )
-    changed = [key for key in keys if saved.get(key) != getattr(config, key)]
-    derived = [key for key in changed if key not in {f.name for f in dataclasses.fields(config)}]
-    if derived:  # not settings one can pass back: values the task derives from its data
-        raise ValueError(
-            f"cannot resume: the data changed since the checkpoint ({', '.join(derived)}); "
-            "put it back as it was, or pass run_dir=NEW to start another run"
-        )
+    # A key a checkpoint of an earlier version does not have held its default value then.
+    saved = {key: checkpoint.state["config"].get(key, defaults[key]) for key in keys}
+    changed = [key for key in keys if saved[key] != getattr(config, key)]
     if changed:
         was = ", ".join(f"{key}={saved[key]}" for key in changed)
         raise ValueError(
             f"cannot resume with changed {', '.join(changed)} (the checkpoint has {was}); "
             "use the checkpoint's values or pass run_dir=NEW"
         )
+    return data_change(checkpoint, config)
+
+
+def data_change(checkpoint: Checkpoint, config: Config) -> str | None:
+    """How the task's data differs from what `checkpoint` trained on, in words (None: it does
+    not), where the run may continue on it: `allow_data_change`, and data the task can
+    continue on (`task_data_change`).
+
+    Raises:
+        ValueError: the data changed, and the config or the task refuses to go on with it.
+    """
+    change = config.task_data_change(checkpoint.state["config"], config.run_dir)
+    if change is None:
+        return None
+    description, refusal = change
+    if not config.allow_data_change:
+        raise ValueError(
+            f"cannot resume {checkpoint.folder}: the data changed since ({description}); put "
+            "it back as it was, add --allow-data-change to continue on it from a new epoch "
+            "with the checkpoint's weights and optimizer, or pass run_dir=NEW"
+        )
+    if refusal:
+        raise ValueError(
+            f"cannot continue {checkpoint.folder} on this data ({description}): {refusal}"
+        )
+    return description
 
 
 def enter_run_folder(config: Config, runtime: Runtime, resume: bool) -> None:
@@ -336,36 +391,60 @@ def start_or_resume(
             )
         runtime.notice(f"no checkpoint in {checkpoints.directory} yet; starting at step 0")
         return None
-    check_resumable(candidates[0], config, runtime.world_size)
+    changed_data = check_resumable(candidates[0], config, runtime.world_size)
     for checkpoint in candidates[:-1]:
         try:
-            return _restore(checkpoints, checkpoint, state)
+            return _restore(checkpoints, checkpoint, state, changed_data)
         except ValueError as error:  # every process or none fails: loads are collectives
             runtime.notice(f"{error}; trying the checkpoint before it")
-    return _restore(checkpoints, candidates[-1], state)
+    return _restore(checkpoints, candidates[-1], state, changed_data)
 
 
-def _restore(checkpoints: CheckpointManager, checkpoint: Checkpoint, state: TrainState) -> str:
+def _restore(
+    checkpoints: CheckpointManager,
+    checkpoint: Checkpoint,
+    state: TrainState,
+    changed_data: str | None,
+) -> str:
     config, runtime = checkpoints.config, checkpoints.runtime
     if checkpoint.fallback:
         runtime.notice(f"resuming from {checkpoint.folder}, not the one `last` names")
     saved_world = len(checkpoint.state["ranks"])
-    if saved_world == runtime.world_size:
+    if saved_world == runtime.world_size and changed_data is None:
         checkpoints.restore(checkpoint)
         return str(checkpoint.folder)
     if reason := world_size_refusal(checkpoint, config, runtime.world_size):
         raise ValueError(reason)
     checkpoints.restore(checkpoint, rank_states=False)
-    saved_micro = checkpoint.state["config"]["micro_batch_size"]
-    saved_epoch = len(state.data.loader.dataset) // saved_world // saved_micro
-    if state.batch_in_epoch >= saved_epoch:  # the epoch's last step: done here too
-        state.batch_in_epoch = state.data.batches
-    else:
-        samples = state.batch_in_epoch * saved_micro * saved_world
-        state.batch_in_epoch = state.data.batches_after(samples, runtime.world_size)
+    if changed_data is not None:
+        continue_on_new_data(state, config, checkpoints.components["scheduler"], changed_data)
+        runtime.notice(f"resuming {checkpoint.folder} on changed data: {changed_data}")
+    elif saved_world != runtime.world_size:
+        saved_micro = checkpoint.state["config"]["micro_batch_size"]
+        saved_epoch = len(state.data.loader.dataset) // saved_world // saved_micro
+        if state.batch_in_epoch >= saved_epoch:  # the epoch's last step: done here too
+            state.batch_in_epoch = state.data.batches
+        else:
+            samples = state.batch_in_epoch * saved_micro * saved_world
+            state.batch_in_epoch = state.data.batches_after(samples, runtime.world_size)
     state.data.start_afresh(config.seed, state.step, runtime.rank)
-    split = (config.micro_batch_size, config.grad_accum_steps)
-    change = WorldSizeChange(state.step, saved_world, runtime.world_size, *split)
-    state.world_size_changes.append(dataclasses.asdict(change))
-    runtime.notice(f"resuming {checkpoint.folder}: {change.describe()}")
+    if saved_world != runtime.world_size:
+        split = (config.micro_batch_size, config.grad_accum_steps)
+        change = WorldSizeChange(state.step, saved_world, runtime.world_size, *split)
+        state.world_size_changes.append(dataclasses.asdict(change))
+        runtime.notice(f"resuming {checkpoint.folder}: {change.describe()}")
     return str(checkpoint.folder)
+
+
+def continue_on_new_data(state: TrainState, config: Config, scheduler, change: str) -> None:
+    """Go on from `state` (a checkpoint's, restored) on other data: from the start of a new
+    epoch (the checkpoint's, where it was at one), the run's length in steps the steps taken
+    plus the epochs left over the new data (or its step budget, where that ends it sooner),
+    and the LR schedule spanning that; the `change` is recorded in `state.data_changes`."""
+    if state.batch_in_epoch:
+        state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+    steps_per_epoch = math.ceil(state.data.batches / config.grad_accum_steps)
+    length = state.step + max(0, config.epochs - state.epoch) * steps_per_epoch
+    state.run_steps = min(length, state.step_budget) if state.step_budget else length
+    respan(scheduler, state.run_steps)
+    state.data_changes.append({"step": state.step, "epoch": state.epoch, "change": change})

@@ -1,9 +1,9 @@
 """When a run saves: the checkpointer is told each step and decides itself.
 
-Mid-epoch it saves every `checkpoint_every` optimizer steps and at `stop_after_steps`; the
-epoch's last step is saved after its validation, which may make it the best; a stop signal
-saves the step it arrives at (unless it is saved already) and ends the run. No save is written
-from weights a non-finite update reached (`Safeguards.check_finite` comes first).
+It saves every `checkpoint_every` optimizer steps and at `stop_after_steps`; a step that is
+validated is saved after its validation, which may make it the best; a stop signal saves the
+step it arrives at (unless it is saved already) and ends the run. No save is written from
+weights a non-finite update reached (`Safeguards.check_finite` comes first).
 """
 
 from __future__ import annotations
@@ -31,27 +31,28 @@ class Checkpointer:
         self.saved_step = state.step if manager.has_checkpoints() else None
 
     def step_done(self) -> None:
-        """After an optimizer step: save a mid-epoch step that `checkpoint_every` divides or
-        that reaches `stop_after_steps`; then end the run if a stop signal arrived.
+        """After an optimizer step: save a step that reaches `stop_after_steps`, or that
+        `checkpoint_every` divides and no validation follows (that one saves it); then end the
+        run if a stop signal arrived.
 
         Raises:
             FloatingPointError: a non-finite update reached the weights; nothing is written.
             Preempted: a process got a stop signal; the checkpoint is on disk.
         """
         stop = self.state.reached_stop_after(self.config)
-        if self.state.mid_epoch() and (stop or self._periodic()):
+        if stop or (self._periodic() and not self.state.validation_due(self.config)):
             self.save(is_best=False)
         self.stop_on_signal()
 
-    def epoch_done(self) -> None:
-        """After an epoch's validation: save its last step, as `best` too if that validation
-        improved on the best (`TrainState.record_validation`)."""
-        self.save(is_best=self.state.best_step == self.state.step)
+    def validation_done(self, improved: bool) -> None:
+        """After a validation: save its step, as `best` too if it `improved` on the best
+        (`TrainState.record_validation`)."""
+        self.save(is_best=improved)
 
     def stop_on_signal(self) -> None:
         """If any process got a stop signal, save the current step unless it is saved, and end
-        the run. Mid-validation, that checkpoint comes before the epoch's validation, which a
-        resume runs again.
+        the run. Mid-validation, that checkpoint comes before the step's validation, which a
+        resume runs first.
 
         Raises:
             Preempted: a process got a stop signal; the checkpoint is on disk.

@@ -13,13 +13,17 @@ from .runtime import all_reduce_sum
 from .task import SUMS, eval_sums, validation_metrics
 
 
-def evaluate(engine: Engine, loader: Iterable, between_batches: Callable[[], None]) -> dict:
-    """The task's validation METRICS from the SUMS over every sample of every rank, in as many
-    passes on every rank (`padded_batches`); `between_batches()` precedes each."""
+def evaluate(
+    engine: Engine, loader: Iterable, max_batches: int, between_batches: Callable[[], None]
+) -> dict:
+    """The task's validation METRICS from the SUMS over every sample of every rank (of each
+    rank's first `max_batches` batches where it is > 0: the same samples at every
+    validation), in as many passes on every rank (`padded_batches`); `between_batches()`
+    precedes each."""
     sums = torch.zeros(len(SUMS), dtype=torch.float64, device=engine.runtime.device)
     engine.module.eval()  # dropout off
     with engine.inference():
-        for inputs, targets, counted in padded_batches(loader, engine.runtime):
+        for inputs, targets, counted in padded_batches(loader, engine.runtime, max_batches):
             between_batches()
             with engine.autocast():
                 logits = engine.module(inputs.to(sums.device))

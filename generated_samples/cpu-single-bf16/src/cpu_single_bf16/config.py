@@ -22,9 +22,12 @@ class Config(TaskConfig):
     """Every hyperparameter of a run: the task's (`TaskConfig`, task_config.py) and the
     machinery's below; `configs/train.toml` documents each key.
 
-    Units: `epochs` are passes over the training split; `warmup_steps`, `checkpoint_every`,
-    `log_every` and `stop_after_steps` count optimizer steps (one step = `grad_accum_steps`
-    micro-batches of `micro_batch_size` samples); `lr` is the peak learning rate.
+    Units: `epochs` are passes over the training split; `max_steps`, `warmup_steps`,
+    `val_every`, `checkpoint_every`, `log_every` and `stop_after_steps` count optimizer steps
+    (one step = `grad_accum_steps` micro-batches of `micro_batch_size` samples per process);
+    `val_batches` counts micro-batches per process; `lr` is the peak learning rate.
+    The run's length is the first reached of `epochs`, `max_steps` (> 0) and the task's own
+    budget (`task_max_steps`); the LR schedule spans it (`run_steps`).
     `tensorboard`, `logger`, `plot` and `profile_steps` choose what a run writes besides
     metrics.jsonl and its checkpoints (see report.py and summary.py).
     `activation_checkpointing` recomputes each of the model's shard units in backward instead
@@ -45,12 +48,16 @@ class Config(TaskConfig):
     beta1: float = 0.9
     beta2: float = 0.95
     max_grad_norm: float = 1.0
+    max_steps: int = 0
+    val_every: int = 0
+    val_batches: int = 0
     monitor: str = "val_loss"
     checkpoint_every: int = 100
     keep_last: int = 3
     log_every: int = 10
     stop_after_steps: int = 0
     allow_world_size_change: bool = False
+    allow_data_change: bool = False
     async_checkpoint: bool = False
     max_nonfinite_steps: int = 20
     tensorboard: bool = True
@@ -73,7 +80,8 @@ class Config(TaskConfig):
             if getattr(self, key) <= 0:
                 problems.append(f"{key} must be > 0, got {getattr(self, key)!r}")
         non_negative = ("num_workers", "warmup_steps", "weight_decay", "checkpoint_every")
-        non_negative += ("keep_last", "stop_after_steps", "early_stop_patience")
+        non_negative += ("keep_last", "stop_after_steps", "early_stop_patience", "max_steps")
+        non_negative += ("val_every", "val_batches")
         for key in non_negative:
             if getattr(self, key) < 0:
                 problems.append(f"{key} must be >= 0, got {getattr(self, key)!r}")
@@ -109,6 +117,19 @@ class Config(TaskConfig):
                 f"(e.g. 10:15), or empty; got {self.profile_steps!r}"
             )
         return int(match.group(1)), int(match.group(2))
+
+    def step_budget(self, world_size: int) -> int:
+        """Optimizer steps the run may take besides its `epochs` (0: no other limit): the
+        least of `max_steps` and the task's own budget at this world size's global batch
+        (`task_max_steps`)."""
+        task_steps = self.task_max_steps(self.global_batch_size(world_size))
+        return min((n for n in (self.max_steps, task_steps) if n > 0), default=0)
+
+    def run_steps(self, steps_per_epoch: int, world_size: int) -> int:
+        """Optimizer steps of the whole run: `epochs` x `steps_per_epoch`, or the
+        `step_budget` where it ends the run sooner. The LR schedule spans this."""
+        budget, epochs = self.step_budget(world_size), self.epochs * steps_per_epoch
+        return min(epochs, budget) if budget else epochs
 
     def global_batch_size(self, world_size: int, micro_batches: int | None = None) -> int:
         """Samples in one optimizer step over `world_size` processes: micro_batch_size x
@@ -164,9 +185,10 @@ def user_errors() -> Iterator[None]:
 
 
 def parse_command_line(argv: list[str] | None, description: str) -> tuple[Config, bool]:
-    """`[key=value ...]` with `--config PATH`, `--resume` and `--allow-world-size-change` (the
-    same as `allow_world_size_change=true`) anywhere among them -> (the Config, whether to
-    resume). Exits with status 2, as argparse does, on an unknown flag.
+    """`[key=value ...]` with `--config PATH`, `--resume`, `--allow-world-size-change` (the
+    same as `allow_world_size_change=true`) and `--allow-data-change` anywhere among them ->
+    (the Config, whether to resume). Exits with status 2, as argparse does, on an unknown
+    flag.
 
     Raises:
         ValueError: see `load_config`.
@@ -186,6 +208,11 @@ def command_line_parser(description: str) -> argparse.ArgumentParser:
         action="store_true",
         help="resume a checkpoint written by another number of processes (allow_world_size_change)",
     )
+    parser.add_argument(
+        "--allow-data-change",
+        action="store_true",
+        help="resume on changed data, from a new epoch (allow_data_change)",
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. lr=1e-3 epochs=5")
     return parser
 
@@ -198,6 +225,7 @@ def config_from_arguments(args: argparse.Namespace) -> Config:
         ValueError: see `load_config`.
     """
     overrides = args.overrides + ["allow_world_size_change=true"] * args.allow_world_size_change
+    overrides += ["allow_data_change=true"] * args.allow_data_change
     return load_config(args.config, overrides)
 
 

@@ -138,12 +138,13 @@ def build_summary(
         "parameters": parameters,
         "seed": config.seed,
         "steps": state.step,
-        "epochs_completed": state.epoch,
+        "epochs": state.epochs_done(),
         "early_stopped": early_stopped,
         "initial_loss": state.initial_loss,
         "expected_initial_loss": EXPECTED_INITIAL_LOSS,
         "resumed_from": resumed_from,
         "world_size_changes": state.world_size_changes,
+        "data_changes": state.data_changes,
         **{name: last[name] for name in METRICS},
         "best": {"value": state.best_value, "step": state.best_step, "epoch": state.best_epoch},
         "checkpoint": str(best or checkpoint_dir),
@@ -160,13 +161,30 @@ def build_summary(
     return summary | throughput(summary)
 
 
-def _world_size_changes(summary: dict[str, Any]) -> str:
-    """One "; world size 2 -> 1 at step 40" per resume on another number of processes."""
-    return "".join(
+def known_values(value: Any) -> Any:
+    """`value` (dicts and lists of plain values) with every NaN or infinite float as None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: known_values(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [known_values(item) for item in value]
+    return value
+
+
+def _resumes_that_changed(summary: dict[str, Any]) -> str:
+    """One "; world size 2 -> 1 at step 40" per resume on another number of processes, and
+    one "; data changed at step 90 (...)" per resume on other data."""
+    worlds = "".join(
         f"; world size {change['saved_world_size']} -> {change['world_size']} at step "
         f"{change['step']}"
         for change in summary.get("world_size_changes", [])
     )
+    data = "".join(
+        f"; data changed at step {change['step']} ({change['change']})"
+        for change in summary.get("data_changes", [])
+    )
+    return worlds + data
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -179,11 +197,11 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"**Global batch:** {summary['global_batch_size']} ({config['micro_batch_size']} x "
         f"{summary['world_size']} process(es) x {config['grad_accum_steps']} accumulation) | "
         f"**LR:** warmup {config['warmup_steps']} steps, cosine to {config['min_lr_ratio']} x "
-        f"{config['lr']:g} | **Steps:** {summary['steps']} in {summary['epochs_completed']} "
+        f"{config['lr']:g} | **Steps:** {summary['steps']} in {summary['epochs']:.3g} "
         f"epoch(s){' (early stop)' if summary['early_stopped'] else ''}",
         f"**Sanity:** initial loss {summary['initial_loss']:.4f} (expected "
         f"{summary['expected_initial_loss']:.4f}); resumed from: {summary['resumed_from'] or 'no'}"
-        f"{_world_size_changes(summary)}",
+        f"{_resumes_that_changed(summary)}",
         _results(summary),
         f"**Throughput:** {describe_throughput(summary)} | data-loader time share "
         f"{summary['data_time_share']:.1%} | peak memory "
@@ -216,13 +234,15 @@ def _results(summary: dict[str, Any]) -> str:
     return (
         f"**Results:** {', '.join(f'{name} {summary[name]:.4f}' for name in METRICS)}; "
         f"best {monitor} {best['value']:.4f} at step "
-        f"{best['step']} (epoch {best['epoch']}); checkpoint {summary['checkpoint']}"
+        f"{best['step']} (epoch {best['epoch']:.3g}); checkpoint {summary['checkpoint']}"
     )
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> str:
-    """Write `summary.json` and `summary.md` into `run_dir`; return the Markdown."""
+    """Write `summary.json` and `summary.md` into `run_dir`; return the Markdown. JSON has no
+    NaN: a value not known (no validation yet...) is written as null."""
     markdown = format_summary(summary)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    text = json.dumps(known_values(summary), indent=2, allow_nan=False)
+    (run_dir / "summary.json").write_text(text + "\n", encoding="utf-8")
     (run_dir / "summary.md").write_text(markdown, encoding="utf-8")
     return markdown

@@ -4,22 +4,27 @@ A file is written to a temporary sibling, fsynced, then renamed over its name wi
 `os.replace`, so a job killed mid-write leaves the previous file intact. Every saved value is a
 tensor, number, string, list or dict, so `torch.load(path, weights_only=True)` loads it: no
 pickled code runs on load.
+
+torch is imported where a tensor is saved or loaded, not with this module: a process that only
+writes text with `atomic_write_text` (a data preparation's worker) runs without it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-
-import torch
 
 
 def host_copy(value: Any) -> Any:
     """`value` (dicts, lists and tuples of tensors and plain values, as state dicts are) with
     every tensor copied into host memory of its own: a snapshot training may go on changing
     the original of. A CPU tensor is copied too (`.cpu()` would return the tensor itself)."""
+    import torch
+
     if isinstance(value, torch.Tensor):
         return value.detach().to("cpu", copy=True)
     if isinstance(value, dict):
@@ -31,6 +36,8 @@ def host_copy(value: Any) -> Any:
 
 def atomic_save(obj: Any, path: Path) -> None:
     """`torch.save` to a temporary sibling, fsync it, rename it over `path`, fsync the folder."""
+    import torch
+
     atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
@@ -73,8 +80,26 @@ def load_trusted(path: Path, keys: tuple[str, ...]) -> dict[str, Any] | None:
     Always the CPU: RNG states must come back as CPU byte tensors (a CUDA copy is refused on
     resume), and `load_state_dict` copies weights and moments onto their parameters' devices.
     """
+    import torch
+
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception:  # a torn write or a foreign file: the caller tries the next candidate
         return None
     return state if isinstance(state, dict) and all(key in state for key in keys) else None
+
+
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)  # no space left on the device, or the user's quota
+
+
+@contextlib.contextmanager
+def full_disk_exits() -> Iterator[None]:
+    """Raise an OSError of a full disk (or quota) from inside as `SystemExit("error: ...")`:
+    one line, where the writer's message says what filled up and what to free (a checkpoint's
+    does: `CheckpointManager.save`), not a traceback."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in FULL_DISK:
+            raise
+        raise SystemExit(f"error: {error.strerror or error}") from None

@@ -4,8 +4,10 @@ is summary.py's."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
-import math
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +21,7 @@ from .loader import TimedIterator
 from .plot import read_records
 from .progress import TrainState, check_monitor, is_log_step
 from .runtime import Runtime, all_reduce_sum
-from .state_io import atomic_write_text
+from .state_io import atomic_write, atomic_write_text
 from .task import throughput
 from .trackers import Tracker, check_trackers, open_trackers, scalar_tags
 
@@ -41,13 +43,11 @@ class RunLog:
         self.config_values = config.to_dict()  # once: the task's derived keys may read files
         self.stats = {"samples": 0, "train_seconds": 0.0, "data_seconds": 0.0}
         self.bar: tqdm | None = None
-        self.epoch_start = 0.0
         self.since_log = (0.0, 0)  # clock and sample count at the last train log line
         check_trackers(config)
         check_monitor(config.monitor)
         self.records = MetricsFile(config) if runtime.is_main else NoRecords()
         self.sources: list[Callable[[], dict[str, float]]] = []
-        self.data: TimedIterator | None = None
 
     def also_log(self, values: Callable[[], dict[str, float]]) -> None:
         """Add `values()` (the safeguards' skipped-update count...) to every train log line."""
@@ -55,32 +55,48 @@ class RunLog:
 
     def start_run(self, state: TrainState, resumed_from: str | None) -> None:
         """Open the records at `state.step` (`MetricsFile.open`) and record where this launch
-        starts, with the world size change this resume made (`resume.WorldSizeChange` as a
-        dict; None if it made none)."""
+        starts, with the world size change and the data change this resume made
+        (`TrainState.world_size_changes`' and `data_changes`' entries; None where it made
+        none); open the progress bar over the run's steps."""
         self.records.open(state.step)
-        changes = state.world_size_changes if resumed_from is not None else []
-        change = changes[-1] if changes and changes[-1]["step"] == state.step else None
-        self.write("start", step=state.step, resumed_from=resumed_from, world_size_change=change)
+
+        def made_now(changes: list[dict[str, Any]]) -> dict[str, Any] | None:
+            made = resumed_from is not None and changes and changes[-1]["step"] == state.step
+            return changes[-1] if made else None
+
+        self.write(
+            "start",
+            step=state.step,
+            resumed_from=resumed_from,
+            world_size_change=made_now(state.world_size_changes),
+            data_change=made_now(state.data_changes),
+        )
+        self.bar = tqdm(
+            total=state.run_steps,
+            initial=state.step,
+            desc="train",
+            unit="step",
+            disable=not self.runtime.is_main,
+        )
 
     def write(self, kind: str, **values: Any) -> None:
         """Record `{"kind": kind, **values}` at `values["step"]` (a no-op off the main process)."""
         self.records.write(kind, values)
 
-    def start_epoch(self, state: TrainState, steps_per_epoch: int, batches: Iterator) -> Iterator:
-        """Open the epoch's progress bar at the step the epoch (re)starts from; start its clock.
-        Returns `batches`, timed: the seconds spent waiting on it count as data-loader time."""
-        self.epoch_start = time.perf_counter()
-        self.since_log = (self.epoch_start, self.stats["samples"])
-        done = math.ceil(state.batch_in_epoch / self.config.grad_accum_steps)
-        self.bar = tqdm(
-            total=steps_per_epoch,
-            initial=done,
-            desc=f"epoch {state.epoch + 1}/{self.config.epochs}",
-            disable=not self.runtime.is_main,
-            leave=False,
-        )
-        self.data = TimedIterator(batches)
-        return self.data
+    @contextlib.contextmanager
+    def training(self) -> Iterator[None]:
+        """Time what runs inside as training (validations are not): the run summary's rates
+        are per second of it, and so are the log lines' (from the start of each stretch)."""
+        start = time.perf_counter()
+        self.since_log = (start, self.stats["samples"])
+        try:
+            yield
+        finally:
+            self.stats["train_seconds"] += time.perf_counter() - start
+
+    def timed(self, batches: Iterator) -> Iterator:
+        """`batches`, the seconds spent waiting on them counted as data-loader time."""
+        return TimedIterator(batches, self.stats, "data_seconds")
 
     def step(
         self,
@@ -111,11 +127,12 @@ class RunLog:
         for source in self.sources:
             values |= source()
         self.write("train", step=state.step, **values, **self._recent_throughput())
-        self.bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}")
+        epoch = f"{state.epochs_done():.2f}"
+        self.bar.set_postfix(epoch=epoch, loss=f"{loss_value:.4f}", lr=f"{lr:.2e}")
 
     def _recent_throughput(self) -> dict[str, float]:
         """The task's rates (`task.throughput`: samples/s and the task's own) since the last
-        train log line, or since the epoch began."""
+        train log line, or since training resumed after a validation."""
         (clock, samples), now = self.since_log, time.perf_counter()
         self.since_log = (now, self.stats["samples"])
         window = {
@@ -127,16 +144,9 @@ class RunLog:
         }
         return {key: rate for key, rate in throughput(window).items() if rate is not None}
 
-    def end_epoch(self) -> None:
-        """Close the bar; add the epoch's training time and its time waiting on the loader."""
-        self.bar.close()
-        self.stats["train_seconds"] += time.perf_counter() - self.epoch_start
-        self.stats["data_seconds"] += self.data.seconds
-        self.data = None  # the epoch's iterator, and any loader workers it keeps, can go
-
     def close(self) -> None:
         """Flush and close the records and the progress bar (idempotent; also on a stopped or
-        failed run's way out, which leaves the epoch's bar open)."""
+        failed run's way out)."""
         self.records.close()
         if self.bar is not None:
             self.bar.close()
@@ -157,12 +167,15 @@ class MetricsFile:
         self.trackers: list[Tracker] = []
 
     def open(self, step: int) -> None:
-        """Create the run folder and save the resolved config as config.json in it; drop what
-        an earlier launch logged after optimizer step `step` (a killed run logs steps that its
-        resume trains again); open the trackers."""
+        """Create the run folder and save in it the resolved config as config.json and the
+        task's files (`task_run_files`: what its weights need later); drop what an earlier
+        launch logged after optimizer step `step` (a killed run logs steps that its resume
+        trains again); open the trackers."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         config_json = json.dumps(self.config.to_dict(), indent=2)
         (self.path.parent / "config.json").write_text(config_json, encoding="utf-8")
+        for name, source in self.config.task_run_files().items():
+            atomic_write(self.path.parent / name, functools.partial(shutil.copyfile, source))
         keep_records_up_to(self.path, step)
         self.trackers = open_trackers(self.config, first_step=step + 1)
 

@@ -120,13 +120,17 @@ def make_eval_loader(dataset: Dataset, config: Config, runtime: Runtime) -> Data
     )
 
 
-def padded_batches(loader: DataLoader, runtime: Runtime) -> Iterator[tuple[Any, Any, bool]]:
-    """`(inputs, targets, counted)` for each of this rank's validation batches, then the
-    loader's first sample again (`counted` False) until every rank has had as many passes as
-    the rank with the most batches (`most_eval_batches`): a sharded model gathers its
-    parameters in forward (a collective), so a rank with fewer batches would leave the others
-    waiting for good. Only `counted` batches may add to the metrics."""
+def padded_batches(
+    loader: DataLoader, runtime: Runtime, limit: int = 0
+) -> Iterator[tuple[Any, Any, bool]]:
+    """`(inputs, targets, counted)` for each of this rank's validation batches (its first
+    `limit` where `limit` > 0), then the loader's first sample again (`counted` False) until
+    every rank has had as many passes as the rank with the most batches
+    (`most_eval_batches`): a sharded model gathers its parameters in forward (a collective),
+    so a rank with fewer batches would leave the others waiting for good. Only `counted`
+    batches may add to the metrics."""
     batches = most_eval_batches(loader.dataset, loader.sampler.batch_size, runtime)
+    batches = min(batches, limit) if limit > 0 else batches
     real = iter(loader)
     for _ in range(batches):
         batch = next(real, None)
@@ -155,11 +159,10 @@ def epoch_iterator(
 
 
 class TimedIterator:
-    """Wraps an iterator and adds the seconds spent waiting in `next()` to `self.seconds`."""
+    """Wraps an iterator and adds the seconds spent waiting in `next()` to `totals[key]`."""
 
-    def __init__(self, iterator: Iterator):
-        self.iterator = iterator
-        self.seconds = 0.0
+    def __init__(self, iterator: Iterator, totals: dict[str, float], key: str):
+        self.iterator, self.totals, self.key = iterator, totals, key
 
     def __iter__(self) -> TimedIterator:
         return self
@@ -169,4 +172,4 @@ class TimedIterator:
         try:
             return next(self.iterator)
         finally:
-            self.seconds += time.perf_counter() - start
+            self.totals[self.key] += time.perf_counter() - start

@@ -36,7 +36,14 @@ from safetensors.torch import save_file
 from .config import Config
 from .progress import TrainState
 from .runtime import Runtime, barrier, gather_objects
-from .state_io import atomic_save, atomic_write, atomic_write_text, fsync_dir, load_trusted
+from .state_io import (
+    FULL_DISK,
+    atomic_save,
+    atomic_write,
+    atomic_write_text,
+    fsync_dir,
+    load_trusted,
+)
 
 FORMAT_VERSION = 1  # of trainer.pt's layout; a resume refuses another (resume.py)
 TRAINER_FILE = "trainer.pt"
@@ -159,6 +166,7 @@ class CheckpointManager:
         if config.async_checkpoint:
             self.writer = ThreadPoolExecutor(1, "checkpoint-writer")
         self.in_flight: Future | None = None
+        self.in_flight_name = ""  # the checkpoint being written in the background
         self.stall_seconds: list[float] = []  # the training thread's time in each save
 
     def has_checkpoints(self) -> bool:
@@ -173,10 +181,23 @@ class CheckpointManager:
         """Write checkpoint `step-<step>/`; `is_best` also points `best` at it. With
         `async_checkpoint`, return once the state is in host memory, the write under way in
         the background (after the save before it has finished: `wait`). The seconds the
-        calling thread spent here are appended to `stall_seconds`."""
+        calling thread spent here are appended to `stall_seconds`.
+
+        Raises:
+            OSError: the disk is full (ENOSPC, or EDQUOT for a quota); its message says where,
+                how much a checkpoint takes and what to free. The step's partial folder is
+                removed, and `last` still names the checkpoint before.
+        """
         start = time.perf_counter()
         self.wait()
         name = step_folder_name(step)
+        try:
+            self._save(name, is_best)
+        except OSError as error:
+            raise self._no_space(name, error) from None
+        self.stall_seconds.append(time.perf_counter() - start)
+
+    def _save(self, name: str, is_best: bool) -> None:
         partial = self._partial(name)
         if self.runtime.is_main:
             shutil.rmtree(partial, ignore_errors=True)  # what a killed save left behind
@@ -197,10 +218,31 @@ class CheckpointManager:
         finish = functools.partial(self._finish, name, state, is_best, write_engine)
         if self.writer is not None:
             self.in_flight = self.writer.submit(finish)
+            self.in_flight_name = name
         else:
             finish()
             barrier(self.runtime)
-        self.stall_seconds.append(time.perf_counter() - start)
+
+    def _no_space(self, name: str, error: OSError) -> OSError:
+        """`error` as it is, or, for a full disk, one whose message says where, how much a
+        checkpoint of this run takes (the latest one's size) and what to free; the partial
+        folder of checkpoint `name` is removed first."""
+        if error.errno not in FULL_DISK:
+            return error
+        shutil.rmtree(self._partial(name), ignore_errors=True)
+        latest = _pointed(self.directory, "last")
+        free = shutil.disk_usage(self.directory).free / 2**20
+        size = ""
+        if latest is not None and latest.is_dir():
+            taken = sum(path.stat().st_size for path in latest.rglob("*") if path.is_file())
+            size = f", and a checkpoint of this run takes {taken / 2**20:,.0f} MiB"
+        still = f"{latest.name} is still the latest checkpoint" if latest else "no checkpoint yet"
+        message = (
+            f"no space left on device writing checkpoint {name} in {self.directory} "
+            f"({free:,.0f} MiB free{size}): free space there, or lower keep_last (now "
+            f"{self.keep_last}); {still}"
+        )
+        return OSError(error.errno, message)
 
     def _finish(
         self,
@@ -238,7 +280,10 @@ class CheckpointManager:
         if self.in_flight is None:
             return
         in_flight, self.in_flight = self.in_flight, None
-        in_flight.result()
+        try:
+            in_flight.result()
+        except OSError as error:
+            raise self._no_space(self.in_flight_name, error) from None
         barrier(self.runtime)
 
     def close(self) -> None:

@@ -117,13 +117,22 @@ class Block(nn.Module):
 class ByteGPT(nn.Module):
     """Token ids `[B, T]` (int64, < 256) -> next-token logits `[B, T, 256]`."""
 
-    def __init__(self, width: int, depth: int, heads: int, block_size: int, dropout: float = 0.0):
+    def __init__(
+        self,
+        width: int,
+        depth: int,
+        heads: int,
+        block_size: int,
+        dropout: float = 0.0,
+        vocab_size: int | None = None,
+    ):
         super().__init__()
-        self.token_embedding = nn.Embedding(NUM_CLASSES, width)
+        vocab_size = vocab_size or NUM_CLASSES
+        self.token_embedding = nn.Embedding(vocab_size, width)
         self.position_embedding = nn.Embedding(block_size, width)
         self.blocks = nn.ModuleList(Block(width, heads, dropout) for _ in range(depth))
         self.ln_final = nn.LayerNorm(width)
-        self.head = nn.Linear(width, NUM_CLASSES, bias=False)
+        self.head = nn.Linear(width, vocab_size, bias=False)
         for name, parameter in self.named_parameters():  # nothing to fill on the meta device
             self.init_tensor(name, parameter.data)
 
@@ -159,16 +168,28 @@ def count_parameters(model: nn.Module) -> int:
     return sum(parameter.numel() for parameter in model.parameters())
 
 
-def shape_for(params: int, block_size: int) -> Shape:
+def shape_for(params: int, block_size: int, vocab_size: int | None = None) -> Shape:
     """The shape `build_model` builds for a budget of `params` parameters: a published decoder's
     own when `params` is its nominal size (PUBLISHED_SHAPES); else, at `layout_for`'s depth and
-    head size, the smallest width that reaches `params` (`width_for_param_count`)."""
+    head size, the smallest width that reaches `params` (`width_for_param_count`) with an
+    embedding and head of `vocab_size` tokens (default NUM_CLASSES)."""
     for _, size, depth, width, heads in PUBLISHED_SHAPES:
         if size == params:
             return Shape(depth, width, heads)
     depth, head_dim = layout_for(params)
-    width = width_for_param_count(params, depth, head_dim, block_size)
+    width = width_for_param_count(params, depth, head_dim, block_size, vocab_size)
     return Shape(depth, width, width // head_dim)
+
+
+def describe_shape(config: Config, vocab_size: int | None = None) -> str:
+    """The model `model_size` builds with a vocabulary of `vocab_size` tokens (default
+    NUM_CLASSES) in words: "4 blocks x 480 channels, 10.0M parameters"."""
+    depth, width, heads = shape_for(
+        parse_param_count(config.model_size), config.block_size, vocab_size
+    )
+    with torch.device("meta"):
+        model = ByteGPT(width, depth, heads, config.block_size, vocab_size=vocab_size)
+    return f"{depth} blocks x {width} channels, {count_parameters(model) / 1e6:.1f}M parameters"
 
 
 def layout_for(params: int) -> tuple[int, int]:
@@ -189,9 +210,12 @@ def layout_for(params: int) -> tuple[int, int]:
     return depth, width // heads
 
 
-def width_for_param_count(target: int, depth: int, head_dim: int, block_size: int) -> int:
-    """Smallest width (a multiple of `head_dim`, at most MAX_WIDTH) whose model reaches `target`
-    parameters; MAX_WIDTH when none does.
+def width_for_param_count(
+    target: int, depth: int, head_dim: int, block_size: int, vocab_size: int | None = None
+) -> int:
+    """Smallest width (a multiple of `head_dim`, at most MAX_WIDTH) whose model, with a
+    vocabulary of `vocab_size` tokens (default NUM_CLASSES), reaches `target` parameters;
+    MAX_WIDTH when none does.
 
     Counted on modules built on the meta device, so sizing allocates no memory: one block, and
     the model without blocks (embeddings, final norm, head).
@@ -202,7 +226,7 @@ def width_for_param_count(target: int, depth: int, head_dim: int, block_size: in
         width = head_dim * middle
         with torch.device("meta"):
             params = depth * count_parameters(Block(width, middle, 0.0))
-            params += count_parameters(ByteGPT(width, 0, middle, block_size))
+            params += count_parameters(ByteGPT(width, 0, middle, block_size, vocab_size=vocab_size))
         low, high = (middle + 1, high) if params < target else (low, middle)
     return head_dim * low
 

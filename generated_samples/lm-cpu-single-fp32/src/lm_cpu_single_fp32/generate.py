@@ -1,9 +1,10 @@
 """Sample from a trained model: `python -m lm_cpu_single_fp32.generate "PROMPT" [options]`.
 
 Loads the run's config (`config.json` in its folder), its best weights (`model.safetensors`;
-`--weights` names another file, e.g. `model-last.safetensors`) and the tokenizer of the corpus
-it trained on, then continues PROMPT one token at a time: temperature, then the `top_k` most
-likely tokens, sampled with a seeded generator; temperature 0 takes the most likely token.
+`--weights` names another file, e.g. `model-last.safetensors`) and the tokenizer it trained
+with (the copy in its folder), then continues PROMPT one token at a time: temperature, then
+the `top_k` most likely tokens, sampled with a seeded generator; temperature 0 takes the most
+likely token. Ids past the tokenizer's vocabulary (a model's padding) are never sampled.
 Stops after `--max-new-tokens` or at end-of-text.
 """
 
@@ -20,7 +21,7 @@ from torch import Tensor, nn
 
 from .checkpoint import WEIGHTS_FILE
 from .config import Config, load_config, user_errors
-from .corpus import Codec, read_manifest
+from .corpus import MANIFEST, RUN_MANIFEST, Codec, manifest_at, read_manifest
 from .model import build_model
 
 
@@ -34,14 +35,16 @@ def generate(
     top_k: int | None = None,
     eot_id: int | None = None,
     generator: torch.Generator | None = None,
+    vocab_size: int | None = None,
 ) -> Tensor:
     """`tokens` (int64 `[1, T]`) followed by up to `max_new_tokens` sampled ones, each from the
-    logits of the last `block_size` tokens (the context the model was trained at); stops
-    after `eot_id`. `temperature` 0 is greedy. Returns int64 `[1, T + new]` on `tokens`'s
-    device."""
+    logits of the last `block_size` tokens (the context the model was trained at) over the
+    first `vocab_size` ids (default: all; the rest pad the model's vocabulary and decode to
+    nothing); stops after `eot_id`. `temperature` 0 is greedy. Returns int64 `[1, T + new]` on
+    `tokens`'s device."""
     model.eval()
     for _ in range(max_new_tokens):
-        logits = model(tokens[:, -block_size:])[:, -1, :].float()  # [1, V]
+        logits = model(tokens[:, -block_size:])[:, -1, :vocab_size].float()  # [1, vocab_size]
         if temperature == 0:
             next_token = logits.argmax(dim=-1, keepdim=True)
         else:
@@ -61,8 +64,8 @@ def load_trained(run_dir: Path, weights: str, device: torch.device) -> tuple[nn.
     """The model a run trained, with its `weights` file, and the run's config.
 
     Raises:
-        ValueError: `run_dir` holds no config.json or no such weights file, its corpus was
-            prepared again since, or the weights do not fit the model as built now.
+        ValueError: `run_dir` holds no config.json or no such weights file, or the weights do
+            not fit the model as built now.
     """
     config_file, weights_file = run_dir / "config.json", run_dir / weights
     if not config_file.is_file():
@@ -74,11 +77,6 @@ def load_trained(run_dir: Path, weights: str, device: torch.device) -> tuple[nn.
     saved = json.loads(config_file.read_text(encoding="utf-8"))
     fields = {field.name for field in dataclasses.fields(Config)}
     config = dataclasses.replace(load_config(), **{k: v for k, v in saved.items() if k in fields})
-    if saved.get("data_fingerprint", config.data_fingerprint) != config.data_fingerprint:
-        raise ValueError(
-            f"{config.data_dir} was prepared again since {run_dir} trained on it: its "
-            "tokenizer may not be the run's; prepare it as it was"
-        )
     model = build_model(config)
     try:
         model.load_state_dict(load_file(weights_file))
@@ -86,6 +84,34 @@ def load_trained(run_dir: Path, weights: str, device: torch.device) -> tuple[nn.
         first = str(error).splitlines()[-1].strip()
         raise ValueError(f"{weights_file} does not fit model.py as it is now ({first})") from None
     return model.to(device), config
+
+
+def run_codec(run_dir: Path, config: Config) -> Codec:
+    """The tokenizer a run trained with: the copy its folder keeps (RUN_MANIFEST and its
+    tokenizer.json). A run of an earlier version kept none: then its `data_dir`'s, which must
+    still hold the corpus it trained on.
+
+    Raises:
+        ValueError: no copy in the run folder, and `data_dir` holds no corpus (where it is
+            relative, the message says to run from where the run trained) or another one.
+    """
+    manifest = manifest_at(run_dir / RUN_MANIFEST)
+    if manifest is not None:
+        return Codec.for_corpus(run_dir, manifest)
+    data_dir = Path(config.data_dir)
+    saved = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+    if not (data_dir / MANIFEST).is_file():
+        relative = "" if data_dir.is_absolute() else ", a path relative to where the run trained"
+        raise ValueError(
+            f"{run_dir} keeps no tokenizer of its own (a run of an earlier version), and its "
+            f"data_dir {data_dir}{relative} holds no corpus here; run generate from there"
+        )
+    if config.task_data_change(saved, str(run_dir)) is not None:
+        raise ValueError(
+            f"{data_dir} was prepared again since {run_dir} trained on it, and the run keeps no "
+            "tokenizer of its own: prepare it as it was"
+        )
+    return Codec.for_corpus(data_dir, read_manifest(data_dir, "prepare it as it was"))
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -107,16 +133,14 @@ def main(argv: list[str] | None = None) -> str:
         auto = "cuda" if torch.cuda.is_available() else "cpu"
         device = torch.device(auto if args.device == "auto" else args.device)
         model, config = load_trained(run_dir, args.weights, device)
-        data_dir = Path(config.data_dir)
-        manifest = read_manifest(data_dir, f"the run's corpus {data_dir} is gone; prepare it")
-        codec = Codec.for_corpus(data_dir, manifest)
+        codec = run_codec(run_dir, config)
         prompt = codec.encode_batch([args.prompt])[0]
         if not prompt:
             raise ValueError("the prompt is empty; give some text to continue")
     generator = torch.Generator(device).manual_seed(args.seed)
     tokens = torch.tensor([prompt], dtype=torch.long, device=device)
     sample = {"temperature": args.temperature, "top_k": args.top_k, "generator": generator}
-    sample |= {"eot_id": codec.eot_id}
+    sample |= {"eot_id": codec.eot_id, "vocab_size": codec.vocab_size}
     out = generate(model, tokens, args.max_new_tokens, config.block_size, **sample)
     text = codec.decode(out[0].tolist())
     print(text)

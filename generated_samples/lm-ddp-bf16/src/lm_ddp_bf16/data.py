@@ -21,8 +21,8 @@ import warnings
 from pathlib import Path
 
 from .config import Config, parse_param_count
-from .corpus import TokenWindows, read_manifest
-from .prepare import prepare
+from .corpus import MANIFEST, TokenWindows, manifest_at, read_manifest
+from .prepare import Options, prepare
 
 NUM_CLASSES = 257  # the vocabulary: 256 byte values and end-of-text (tokenizer = "bytes")
 # The example cuts the stdlib's files into documents of at most 4 KiB at line breaks: enough
@@ -41,38 +41,49 @@ def stdlib_sources() -> list[Path]:
 def prepare_example(config: Config) -> None:
     """Prepare the example's corpus in `data_dir` when it holds none and is empty or absent:
     the first `corpus_bytes` of the standard library's source, with the config's tokenizer
-    (`bpe`: one of NUM_CLASSES tokens trained on it).
+    (`bpe`: one of NUM_CLASSES tokens trained on it). Where it holds one prepared from
+    another `corpus_bytes`, warn that the setting changes nothing there.
     Every process of a first run may do it at once; each writes its own temporary folder and
     the same corpus lands in `data_dir` (prepare.replace_folder)."""
     data_dir = Path(config.data_dir)
     if data_dir.exists() and any(data_dir.iterdir()):
+        prepared = manifest_at(data_dir / MANIFEST)
+        asked = prepared.request.get("max_bytes") if prepared else config.corpus_bytes
+        if asked != config.corpus_bytes:
+            was = "all of its sources" if asked is None else f"{asked:,} bytes"
+            warnings.warn(
+                f"corpus_bytes={config.corpus_bytes:,}, but {data_dir} was prepared from {was}: "
+                f"corpus_bytes only sizes the example's first prepare; delete {data_dir} to "
+                "prepare it again",
+                stacklevel=3,
+            )
         return  # a corpus, or the user's own files: read_manifest says which
     root = Path(sysconfig.get_paths()["stdlib"])
     sources = [str(path) for path in stdlib_sources()]
     print(f"preparing the example corpus (the stdlib's source) in {data_dir}", file=sys.stderr)
-    prepare(
-        sources or [str(root)],
-        data_dir,
+    options = Options(
         tokenizer=config.tokenizer,
         vocab_size=NUM_CLASSES,
         val_fraction=config.val_fraction,
         document_bytes=EXAMPLE_DOCUMENT_BYTES,
         max_bytes=config.corpus_bytes,
-        workers=1,
-        progress=False,
     )
+    prepare(sources or [str(root)], data_dir, options)
 
 
 def warn_of_repeats(config: Config, train_tokens: int) -> None:
-    """Warn when the run will pass over a corpus more than 4 times while it holds fewer than
-    20 tokens per parameter: compute-optimal training sees ~20 (Hoffmann et al. 2022), and
-    beyond ~4 epochs repeated tokens are worth much less than new ones (Muennighoff et al.
-    2023, "Scaling Data-Constrained Language Models")."""
+    """Warn when the run will pass over a corpus more than 4 times (its `epochs`, or fewer
+    where `max_tokens` or `max_steps` at one process's batch ends it sooner) while it holds
+    fewer than 20 tokens per parameter: compute-optimal training sees ~20 (Hoffmann et al.
+    2022), and beyond ~4 epochs repeated tokens are worth much less than new ones (Muennighoff
+    et al. 2023, "Scaling Data-Constrained Language Models")."""
     per_parameter = train_tokens / parse_param_count(config.model_size)
-    if config.epochs > 4 and per_parameter < 20:
+    budget = config.step_budget(1) * config.global_batch_size(1) * config.block_size
+    passes = min(config.epochs, budget / train_tokens) if budget else config.epochs
+    if passes > 4 and per_parameter < 20:
         warnings.warn(
-            f"{config.epochs} epochs over {train_tokens:,} training tokens, "
-            f"{per_parameter:.2f} per parameter of model_size={config.model_size}: beyond ~4 "
+            f"{passes:.3g} epochs over {train_tokens:,} training tokens, "
+            f"{per_parameter:.3g} per parameter of model_size={config.model_size}: beyond ~4 "
             "epochs repeats add little; prepare more text or train a smaller model",
             stacklevel=3,
         )

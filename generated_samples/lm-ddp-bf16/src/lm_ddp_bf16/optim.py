@@ -65,3 +65,10 @@ class WarmupCosine:
 def build_scheduler(optimizer: torch.optim.Optimizer, config: Config, total_steps: int) -> LambdaLR:
     """Warmup + cosine over `total_steps` optimizer steps; `.step()` once per optimizer step."""
     return LambdaLR(optimizer, WarmupCosine(config.warmup_steps, total_steps, config.min_lr_ratio))
+
+
+def respan(scheduler: LambdaLR, total_steps: int) -> None:
+    """Make `scheduler`'s warmup + cosine (`build_scheduler`'s) span `total_steps` optimizer
+    steps from now on, the steps taken keeping their place: a run whose length in steps
+    changed (it went on with other data)."""
+    scheduler.lr_lambdas[0].total_steps = total_steps

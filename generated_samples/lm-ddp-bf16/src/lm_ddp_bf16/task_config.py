@@ -5,15 +5,30 @@ and task.py: `config.Config` takes every field here, and configs/train.toml sets
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
+
+from .corpus import (
+    MANIFEST,
+    RUN_MANIFEST,
+    TOKENIZER_FILE,
+    describe_change,
+    manifest_at,
+    same_tokenizer,
+)
+
+# How a task's data changed since a checkpoint, in words, and why a run may not go on with it
+# (None: it may): `TaskConfig.task_data_change`.
+DataChange = tuple[str, str | None]
 
 
 @dataclass(frozen=True)
 class TaskConfig:
     """The task's fields of the run's `Config` (units as there: `epochs` are passes over the
-    training split, `warmup_steps` optimizer steps, `micro_batch_size` samples per process)."""
+    training split, `warmup_steps` optimizer steps, `micro_batch_size` samples per process;
+    `max_tokens` training tokens, 0 for no token budget)."""
 
     run_dir: str = "runs/stdlib-lm"
     data_dir: str = "data/stdlib"
@@ -24,20 +39,61 @@ class TaskConfig:
     block_size: int = 64
     dropout: float = 0.0
     epochs: int = 4
+    max_tokens: int = 20_000_000
     micro_batch_size: int = 32
     min_lr_ratio: float = 0.1
     warmup_steps: int = 50
     weight_decay: float = 0.1
     early_stop_patience: int = 3
     # data settings a resume must keep (resume.py): they fix what the checkpoint trained on
-    task_resume_keys: ClassVar[tuple[str, ...]] = ("data_dir", "block_size", "data_fingerprint")
+    task_resume_keys: ClassVar[tuple[str, ...]] = (
+        "data_dir",
+        "block_size",
+        "max_tokens",
+        "data_fingerprint",
+    )
 
     @property
     def data_fingerprint(self) -> str:
-        """SHA-256 of the prepared corpus's manifest.json in `data_dir` ('' before prepare):
-        a resume refuses a corpus prepared again there from other sources or settings."""
-        path = Path(self.data_dir) / "manifest.json"
-        return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
+        """The content fingerprint of the corpus prepared in `data_dir` ('' before prepare):
+        its shards' and tokenizer's checksums (`Manifest.fingerprint`), so that a corpus
+        prepared again to the same tokens is the same corpus."""
+        manifest = manifest_at(Path(self.data_dir) / MANIFEST)
+        return manifest.fingerprint() if manifest else ""
+
+    def task_max_steps(self, sequences_per_step: int) -> int:
+        """The optimizer steps that train `max_tokens` tokens at `sequences_per_step`
+        sequences of `block_size` tokens, rounded up (0: no token budget)."""
+        if not self.max_tokens:
+            return 0
+        return math.ceil(self.max_tokens / (sequences_per_step * self.block_size))
+
+    def task_data_change(self, saved: dict[str, Any], run_dir: str) -> DataChange | None:
+        """How the corpus in `data_dir` differs from the one a checkpoint trained on (`saved`:
+        its config), in words, and why a run may not continue on it (None: it may): not on
+        another tokenizer's ids, which would mean other text. None when it is the same corpus.
+        `run_dir`'s RUN_MANIFEST, the manifest the run recorded, names what changed."""
+        path = Path(self.data_dir) / MANIFEST
+        if saved.get("data_fingerprint") in (self.data_fingerprint, legacy_fingerprint(path)):
+            return None
+        now, before = manifest_at(path), manifest_at(Path(run_dir) / RUN_MANIFEST)
+        if now is None:
+            return f"{self.data_dir} holds no prepared corpus now", "prepare one there first"
+        if before is None:
+            return f"{self.data_dir} holds another corpus (the run recorded none of its own)", None
+        if same_tokenizer(before, now):
+            return describe_change(before, now), None
+        tokenizer = "bytes" if before.tokenizer == "bytes" else f"{run_dir}/{TOKENIZER_FILE}"
+        fix = f"prepare the corpus with --tokenizer {tokenizer}, the run's own"
+        return describe_change(before, now), f"its token ids would mean other text; {fix}"
+
+    def task_run_files(self) -> dict[str, Path]:
+        """Files a run keeps in its folder, by name, copied there when a launch starts, so its
+        weights stay usable whatever becomes of `data_dir`: the manifest of the corpus it
+        trains on (RUN_MANIFEST) and its tokenizer.json (none for bytes)."""
+        files = {RUN_MANIFEST: Path(self.data_dir) / MANIFEST}
+        tokenizer = Path(self.data_dir) / TOKENIZER_FILE
+        return files | ({TOKENIZER_FILE: tokenizer} if tokenizer.is_file() else {})
 
     def task_problems(self) -> list[str]:
         """Every task setting outside its range, one message per key (empty when all are
@@ -46,6 +102,8 @@ class TaskConfig:
         for key in ("block_size", "corpus_bytes"):
             if getattr(self, key) <= 0:
                 problems.append(f"{key} must be > 0, got {getattr(self, key)!r}")
+        if self.max_tokens < 0:
+            problems.append(f"max_tokens must be >= 0, got {self.max_tokens!r}")
         if not 0 <= self.dropout < 1:
             problems.append(f"dropout must be in [0, 1), got {self.dropout!r}")
         if self.tokenizer not in ("bytes", "bpe") and not self.tokenizer.endswith(".json"):
@@ -55,3 +113,9 @@ class TaskConfig:
         if not 0 < self.val_fraction < 1:
             problems.append(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")
         return problems
+
+
+def legacy_fingerprint(path: Path) -> str:
+    """What a checkpoint of an earlier version recorded as the data's fingerprint: the
+    SHA-256 of manifest.json's bytes ('' where there is none)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""

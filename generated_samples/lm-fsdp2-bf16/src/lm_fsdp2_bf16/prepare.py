@@ -1,37 +1,49 @@
 """Tokenize text into token shards: `python -m lm_fsdp2_bf16.prepare SOURCES...`.
 
-SOURCES are files, folders (searched recursively) or glob patterns of text files (`.txt`, `.md`,
-`.py`, ...: cut into documents of at most 1 MiB at line breaks), `.jsonl` (one document per
-line, its `--text-key` field) and `.parquet` (the `--text-key` column). The tokenizer is
-`bytes` (one token per byte), `bpe` (a byte-level BPE of `--vocab-size` tokens trained on the
-first `--tokenizer-sample-bytes` of the sources, with HF `tokenizers`) or the path of a
+SOURCES are files, folders (searched recursively; their files of other kinds are skipped and
+counted) or glob patterns of text files (`.txt`, `.md`, `.rst`, `.py`, `.text`), JSON lines
+(`.jsonl`: one document per line, its `--text-key` field) and parquet files (the `--text-key`
+column); text and JSON lines may be compressed (`.gz`, `.zst`). Text files are cut into
+documents at line breaks (`--document-bytes`; documents.py). The tokenizer is `bytes` (one
+token per byte), `bpe` (a byte-level BPE of `--vocab-size` tokens trained on the first
+`--tokenizer-sample-bytes` of the sources, with HF `tokenizers`) or the path of a
 `tokenizer.json` (a GPT-2 or Llama tokenizer you have on disk). Every document is followed by
 the end-of-text token; a fixed `--val-fraction` of whole documents is held out for validation
 (evenly spaced within each source, at a phase drawn from a hash of its path).
 
-The result is corpus.py's: flat token shards (`uint16` where the vocabulary fits, else
-`uint32`) and `manifest.json`. Files are encoded in parallel (`--workers` processes), read and
-written in pieces: memory stays constant whatever the corpus size. The corpus is written into a
-temporary folder that replaces DIR only once complete; a re-run on unchanged sources with the
-same settings does nothing, and a changed source is noticed (size or modification time).
+Nothing is decoded loosely: a text file that is not valid in its `--encoding` (UTF-8 unless
+named) or holds NUL characters is refused by name, and so is a JSON line or parquet row that
+holds no text, before anything is encoded; `--skip-bad-files` and `--skip-bad-records` leave
+them out instead, counted in the output and the manifest.
+
+It runs in phases, each printed with its time: survey the sources (survey.py: every file read
+once through, in parallel), train the BPE, encode (in `--workers` processes; jobs of a few MiB,
+so that one large file uses every core) and write the shards. Memory is bounded whatever the
+size of a document or of the corpus (documents.py's pieces). The result is corpus.py's: flat
+token shards (`uint16` where the vocabulary fits, else `uint32`) and `manifest.json`, written
+in a temporary folder that replaces DIR only once complete. A Ctrl-C or SIGTERM stops it at
+once, its workers ended and DIR as it was; the next prepare removes what it left. A re-run on
+unchanged sources (sizes and modification times) with the same settings does nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import errno
+import fcntl
+import functools
 import hashlib
-import math
 import os
 import shutil
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +54,6 @@ from .config import load_config, user_errors
 from .corpus import (
     CHUNK_BYTES,
     DTYPES,
-    END_OF_TEXT,
     FORMAT,
     MANIFEST,
     SPLITS,
@@ -51,214 +62,118 @@ from .corpus import (
     Manifest,
     Shard,
     file_sha256,
+    manifest_at,
 )
-from .sources import DATA_SUFFIXES, DOCUMENT_BYTES, documents, find_sources
+from .documents import check_encoding
+from .prepare_jobs import Job, Settings, Workers, encode_job, make_jobs, part_file, train_bpe
+from .sources import Sources, find_sources, source_kind
 from .state_io import atomic_write_text
+from .survey import NAMED, Survey, survey_source
 
-BATCH_BYTES = 1 << 22  # text encoded in one call of the tokenizer
-
-
-def is_validation(source: Path, number: int, val_fraction: float) -> bool:
-    """Whether document `number` of `source` is held out: evenly spaced within each source
-    (every 1 / val_fraction-th document), at a phase drawn from a hash of its path, so that the
-    split depends on neither the order in which workers finish nor the other sources."""
-    digest = hashlib.blake2b(source.as_posix().encode(), digest_size=8).digest()
-    phase = int.from_bytes(digest, "little") / 2**64
-    before, after = (math.floor(n * val_fraction + phase) for n in (number, number + 1))
-    return after > before
-
-
-# --- tokenizers ---
-
-
-def encode_documents(codec: Codec, texts: list[str]) -> list[np.ndarray]:
-    """Each text's token ids (int64 `[n]`), the end-of-text id appended."""
-    return [np.array([*ids, codec.eot_id], dtype=np.int64) for ids in codec.encode_batch(texts)]
-
-
-def train_bpe(sources: list[Path], text_key: str, vocab_size: int, sample_bytes: int, out: Path):
-    """Train a byte-level BPE of `vocab_size` tokens (END_OF_TEXT included) on the first
-    `sample_bytes` of the sources' documents and save it as `out` (a tokenizer.json).
-    Deterministic: the same sample gives the same merges.
-
-    Raises:
-        ValueError: `vocab_size` below 257 (the 256 byte tokens and end-of-text).
-    """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    if vocab_size < 257:
-        raise ValueError(f"--vocab-size {vocab_size} is below 257; a byte-level BPE needs 257")
-
-    def sample() -> Iterator[str]:
-        taken = 0
-        for source in sources:
-            for text in documents(source, text_key, sample_bytes - taken):
-                yield text
-                taken += len(text)
-                if taken >= sample_bytes:
-                    return
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[END_OF_TEXT],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(sample(), trainer)
-    tokenizer.save(str(out))
-
-
-# --- encoding, in worker processes ---
+DOCUMENT_BYTES = 1 << 20  # a text file is cut into documents of about this, at line breaks
 
 
 @dataclass(frozen=True)
-class Job:
-    """Some source files for one worker; each with the bytes of it to read (None: whole)."""
+class Options:
+    """What prepare is asked besides its sources and output (the command line's options):
+    the tokenizer ("bytes", "bpe" or a tokenizer.json path), the BPE's `vocab_size` and
+    `tokenizer_sample_bytes`, the end-of-text token `eot` of a tokenizer.json, the `text_key`
+    of JSON lines and parquet, the `encoding` of text files, the `val_fraction` of documents
+    held out, the `document_bytes` a text file is cut at, `max_bytes` of sources read (None:
+    all), the `shard_tokens` of a shard, and whether files and records that cannot be read
+    are left out (`skip_bad_files`, `skip_bad_records`) rather than refused."""
 
-    number: int
-    files: tuple[tuple[Path, int | None], ...]
+    tokenizer: str = "bytes"
+    vocab_size: int = 8192
+    tokenizer_sample_bytes: int = 1 << 27
+    eot: str | None = None
+    text_key: str = "text"
+    encoding: str = "utf-8"
+    val_fraction: float = 0.1
+    document_bytes: int = DOCUMENT_BYTES
+    max_bytes: int | None = None
+    shard_tokens: int = 1 << 27
+    skip_bad_files: bool = False
+    skip_bad_records: bool = False
 
-
-@dataclass(frozen=True)
-class Settings:
-    """What every worker needs: the tokenizer, the text field, the split, the scratch folder."""
-
-    tokenizer_file: Path | None
-    eot: str | None
-    text_key: str
-    val_fraction: float
-    document_bytes: int
-    scratch: Path
-    dtype: str
-
-
-WORKER: dict[str, Any] = {}  # each worker process's Codec and Settings (`start_worker`)
-
-
-def start_worker(settings: Settings, parallel_tokenizer: bool) -> None:
-    """Load the tokenizer once per process; with several workers, the tokenizer's own
-    threads would only compete with them for the cores."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
-    if not parallel_tokenizer:
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    WORKER["codec"] = Codec(settings.tokenizer_file, settings.eot)
-    WORKER["settings"] = settings
-
-
-def encode_job(job: Job) -> dict[str, int]:
-    """Encode one job's files into its part files (`part-NNNNN.<split>.bin` in the scratch
-    folder), in file order; return its counts: bytes read, tokens and documents per split."""
-    codec, settings = WORKER["codec"], WORKER["settings"]
-    counts = dict.fromkeys(["bytes", *[f"{s}_tokens" for s in SPLITS]], 0)
-    counts |= dict.fromkeys([f"{s}_documents" for s in SPLITS], 0)
-    dtype = DTYPES[settings.dtype]
-    with contextlib.ExitStack() as files:
-        names = {split: settings.scratch / f"part-{job.number:05d}.{split}.bin" for split in SPLITS}
-        parts = {split: files.enter_context(open(name, "wb")) for split, name in names.items()}
-        for path, limit in job.files:
-            counts["bytes"] += path.stat().st_size if limit is None else limit
-            batch: list[tuple[str, str]] = []
-            texts = documents(path, settings.text_key, limit, settings.document_bytes)
-            for number, text in enumerate(texts):
-                split = "val" if is_validation(path, number, settings.val_fraction) else "train"
-                batch.append((split, text))
-                if sum(len(text) for _, text in batch) >= BATCH_BYTES:
-                    write_batch(codec, batch, parts, dtype, counts)
-                    batch = []
-            write_batch(codec, batch, parts, dtype, counts)
-    return counts
-
-
-def write_batch(codec: Codec, batch, parts, dtype, counts) -> None:
-    """Encode `batch` ((split, text) pairs) and append each document's ids to its split."""
-    if not batch:
-        return
-    encoded = encode_documents(codec, [text for _, text in batch])
-    for (split, _), ids in zip(batch, encoded, strict=True):
-        ids.astype(dtype).tofile(parts[split])
-        counts[f"{split}_tokens"] += len(ids)
-        counts[f"{split}_documents"] += 1
-
-
-# --- the whole prepare ---
+    def check(self) -> None:
+        """Raises ValueError: a setting outside its range, an unknown encoding, a tokenizer
+        that is neither bytes, bpe nor a tokenizer.json with the end-of-text token `eot`."""
+        if not 0 < self.val_fraction < 1:
+            raise ValueError(f"--val-fraction must be in (0, 1), got {self.val_fraction}")
+        counts = ("vocab_size", "tokenizer_sample_bytes", "document_bytes", "shard_tokens")
+        for name in counts + ("max_bytes",) * (self.max_bytes is not None):
+            if getattr(self, name) < 1:
+                option = "--" + name.replace("_", "-")
+                raise ValueError(f"{option} must be at least 1, got {getattr(self, name)}")
+        if self.tokenizer == "bpe" and self.vocab_size < 257:
+            raise ValueError(
+                f"--vocab-size {self.vocab_size} is below 257; a byte-level BPE needs 257"
+            )
+        check_encoding(self.encoding)
+        if self.tokenizer not in ("bytes", "bpe"):
+            if not Path(self.tokenizer).is_file():
+                raise ValueError(
+                    f"tokenizer {self.tokenizer}: no such file; name bytes, bpe or a file"
+                )
+            Codec(Path(self.tokenizer), self.eot)  # its errors name the user's file, not our copy
 
 
 def prepare(
     patterns: list[str],
     out: Path,
-    tokenizer: str = "bytes",
-    vocab_size: int = 8192,
-    text_key: str = "text",
-    val_fraction: float = 0.1,
-    document_bytes: int = DOCUMENT_BYTES,
-    max_bytes: int | None = None,
-    workers: int | None = None,
-    shard_tokens: int = 1 << 27,
-    tokenizer_sample_bytes: int = 1 << 27,
-    eot: str | None = None,
-    progress: bool = True,
+    options: Options = Options(),
+    workers: int = 0,
+    progress: bool = False,
+    log: Callable[[str], None] | None = None,
 ) -> Manifest:
-    """Prepare the corpus of SOURCES `patterns` in `out` (see the module docstring); return its
-    manifest. `document_bytes` caps a text file's documents; `max_bytes` stops after that many
-    bytes of the sources (a text file cut at a line break); `shard_tokens` caps each shard;
-    `workers` defaults to the CPU count.
+    """Prepare the corpus of SOURCES `patterns` in `out` (see the module docstring) in
+    `workers` processes (0: in this one); return its manifest. `progress` shows a bar while it
+    encodes; `log` gets a line per phase.
 
     Raises:
-        ValueError: bad sources (`find_sources`, `documents`), an unknown tokenizer, a
-            `val_fraction` outside (0, 1), or a corpus without a document in either split.
-            Nothing is written then, and a corpus already in `out` is left as it was.
+        ValueError: bad options or sources, a file or record that cannot be read (unless left
+            out), a corpus without a document in either split, or a full disk (the message
+            says where and how much). Nothing is written then, and a corpus already in `out`
+            is left as it was; so it is on KeyboardInterrupt.
     """
-    if not 0 < val_fraction < 1:
-        raise ValueError(f"--val-fraction must be in (0, 1), got {val_fraction}")
-    if max_bytes is not None and max_bytes < 1:
-        raise ValueError(f"--max-bytes must be at least 1, got {max_bytes}")
-    if tokenizer not in ("bytes", "bpe"):
-        if not Path(tokenizer).is_file():
-            raise ValueError(f"tokenizer {tokenizer}: no such file; name bytes, bpe or a file")
-        Codec(Path(tokenizer), eot)  # its errors name the user's file, not our copy
+    say = log or (lambda line: None)
+    options.check()
     sources = find_sources(patterns)
-    budgets = read_budgets(sources, max_bytes)
+    budgets = read_budgets(sources.files, options.max_bytes)
     request = {
         "format": FORMAT,
         "sources": [
             {"path": str(path), "bytes": path.stat().st_size, "mtime_ns": path.stat().st_mtime_ns}
             for path, _ in budgets
         ],
-        "max_bytes": max_bytes,
-        "tokenizer": tokenizer,
-        "tokenizer_sha256": file_sha256(Path(tokenizer)) if Path(tokenizer).is_file() else None,
-        "vocab_size": vocab_size if tokenizer == "bpe" else None,
-        "tokenizer_sample_bytes": tokenizer_sample_bytes if tokenizer == "bpe" else None,
-        "eot": eot,
-        "text_key": text_key,
-        "val_fraction": val_fraction,
-        "document_bytes": document_bytes,
-        "shard_tokens": shard_tokens,
+        **dataclasses.asdict(options),
+        "tokenizer_sha256": None
+        if options.tokenizer in ("bytes", "bpe")
+        else file_sha256(Path(options.tokenizer)),
     }
     existing = up_to_date(out, request)
     if existing is not None:
-        if progress:
-            print(f"{out} is up to date with its sources and settings", file=sys.stderr)
+        say(f"{out} is up to date with its sources and settings")
         return existing
     out.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    scratch.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the corpus from other users
+    remove_stale_scratch(out)
     try:
-        manifest = write_corpus(sources, budgets, scratch, request, workers, progress)
-        replace_folder(scratch, out)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        with scratch_folder(out) as scratch, Workers(workers) as pool:
+            phases = Phases(sources, options, scratch, pool, progress, say)
+            manifest = phases.write_corpus(budgets, request)
+            replace_folder(scratch, out)
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise ValueError(disk_full(out, budgets)) from None
     return manifest
 
 
-def read_budgets(sources: list[Path], max_bytes: int | None) -> list[tuple[Path, int | None]]:
+def read_budgets(sources: tuple[Path, ...], max_bytes: int | None) -> list[tuple[Path, int | None]]:
     """Each source with the bytes of it to read (None: whole), sources past `max_bytes` left
-    out; a text file that crosses it is cut there."""
+    out; an uncompressed text file that crosses it is cut there (JSON lines, parquet and
+    compressed files are read whole)."""
     if max_bytes is None:
         return [(path, None) for path in sources]
     budgets, left = [], max_bytes
@@ -266,8 +181,8 @@ def read_budgets(sources: list[Path], max_bytes: int | None) -> list[tuple[Path,
         if left <= 0:
             break
         size = path.stat().st_size
-        cut = path.suffix.lower() not in DATA_SUFFIXES and size > left
-        budgets.append((path, left if cut else None))
+        cuttable = source_kind(path) == "text" and path.suffix.lower() not in (".gz", ".zst")
+        budgets.append((path, left if cuttable and size > left else None))
         left -= size
     return budgets
 
@@ -275,117 +190,281 @@ def read_budgets(sources: list[Path], max_bytes: int | None) -> list[tuple[Path,
 def up_to_date(out: Path, request: dict[str, Any]) -> Manifest | None:
     """The manifest in `out` when it was prepared from this very request (same sources, sizes,
     modification times and settings), else None."""
-    try:
-        manifest = Manifest.from_json((out / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError, KeyError, TypeError):
+    manifest = manifest_at(out / MANIFEST)
+    if manifest is None:
         return None
     return manifest if manifest.request == request else None
 
 
-def write_corpus(sources, budgets, scratch: Path, request, workers, progress) -> Manifest:
-    """Tokenizer, part files, shards and manifest, all in `scratch`."""
-    tokenizer, settings_tokenizer = request["tokenizer"], None
-    if tokenizer == "bpe":
-        settings_tokenizer = scratch / TOKENIZER_FILE
-        sample = request["tokenizer_sample_bytes"]
-        train_bpe(sources, request["text_key"], request["vocab_size"], sample, settings_tokenizer)
-    elif tokenizer != "bytes":
-        settings_tokenizer = scratch / TOKENIZER_FILE
-        shutil.copyfile(tokenizer, settings_tokenizer)
-    codec = Codec(settings_tokenizer, request["eot"])
-    dtype = "uint16" if codec.vocab_size <= 2**16 else "uint32"
-    settings = Settings(
-        settings_tokenizer,
-        request["eot"],
-        request["text_key"],
-        request["val_fraction"],
-        request["document_bytes"],
-        scratch,
-        dtype,
+def disk_full(out: Path, budgets: list[tuple[Path, int | None]]) -> str:
+    """What to do when the disk under `out` filled up while the corpus was written."""
+    source = sum(path.stat().st_size if limit is None else limit for path, limit in budgets)
+    free = shutil.disk_usage(out.parent).free
+    return (
+        f"no space left on device in {out.parent} while writing the corpus ({free / 2**20:,.0f} "
+        f"MiB free): it takes up to {4 * 2 * source / 2**20:,.0f} MiB while it is assembled (a "
+        "token of at most 4 bytes per source byte, twice); free space or pass --out on "
+        f"another disk. {out} is as it was"
     )
-    jobs = make_jobs(budgets, workers or os.cpu_count() or 1)
-    totals = run_jobs(jobs, settings, workers or os.cpu_count() or 1, progress)
-    held_out, documents = totals.get("val_documents", 0), totals.get("train_documents", 0)
-    if not held_out or not documents:
-        raise ValueError(
-            f"the sources hold {held_out + documents} document(s), too few to hold some out "
-            "for validation; add text, or cut text files into more documents (--document-bytes)"
-        )
-    shards = {
-        split: write_shards(scratch, len(jobs), split, dtype, request["shard_tokens"])
-        for split in SPLITS
-    }
-    manifest = Manifest(
-        tokenizer="bytes" if tokenizer == "bytes" else "bpe" if tokenizer == "bpe" else "file",
-        vocab_size=codec.vocab_size,
-        eot_id=codec.eot_id,
-        dtype=dtype,
-        shards=shards,
-        documents={split: totals[f"{split}_documents"] for split in SPLITS},
-        source_bytes=totals["bytes"],
-        request=request,
-    )
-    atomic_write_text(manifest.to_json(), scratch / MANIFEST)  # last: the corpus is complete
-    return manifest
 
 
-def make_jobs(budgets: list[tuple[Path, int | None]], workers: int) -> list[Job]:
-    """The sources in order, grouped into jobs of about 8 MiB (at least one per worker where
-    there are enough files): few jobs for many small files, one per large file."""
-    total = sum(path.stat().st_size if limit is None else limit for path, limit in budgets)
-    target = max(1, min(8 << 20, total // workers))
-    jobs, files, size = [], [], 0
-    for path, limit in budgets:
-        files.append((path, limit))
-        size += path.stat().st_size if limit is None else limit
-        if size >= target:
-            jobs.append(Job(len(jobs), tuple(files)))
-            files, size = [], 0
-    if files:
-        jobs.append(Job(len(jobs), tuple(files)))
-    return jobs
-
-
-def run_jobs(jobs: list[Job], settings: Settings, workers: int, progress: bool) -> dict[str, int]:
-    """Encode every job (in `workers` processes, or here for one), with a progress bar of
-    bytes/s and tokens/s; return the summed counts."""
-    totals: dict[str, int] = {}
-    total_bytes = sum(p.stat().st_size if n is None else n for job in jobs for p, n in job.files)
-    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="prepare", disable=not progress)
-    start = time.perf_counter()
-
-    def count(result: dict[str, int]) -> None:
-        for key, value in result.items():
-            totals[key] = totals.get(key, 0) + value
-        tokens = totals["train_tokens"] + totals["val_tokens"]
-        bar.update(result["bytes"])
-        bar.set_postfix(tokens_per_s=f"{tokens / (time.perf_counter() - start):,.0f}")
-
-    workers = min(workers, len(jobs))
+@contextlib.contextmanager
+def scratch_folder(out: Path) -> Iterator[Path]:
+    """A hidden temporary folder beside `out` (`.<name>.partial-*`), locked while this process
+    uses it (`remove_stale_scratch` tells it from one an interrupted prepare left) and removed
+    on the way out, whatever happens."""
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    scratch.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the corpus from other users
+    descriptor = os.open(scratch, os.O_RDONLY)
     try:
-        if workers <= 1:
-            start_worker(settings, parallel_tokenizer=True)
-            for job in jobs:
-                count(encode_job(job))
-        else:
-            context = get_context("spawn")  # no fork of a process the tokenizer has threads in
-            with ProcessPoolExecutor(
-                workers, mp_context=context, initializer=start_worker, initargs=(settings, False)
-            ) as pool:
-                for result in pool.map(encode_job, jobs):
-                    count(result)
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield scratch
     finally:
-        bar.close()
-    return totals
+        os.close(descriptor)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
-def write_shards(scratch: Path, parts: int, split: str, dtype: str, shard_tokens: int):
+def remove_stale_scratch(out: Path) -> list[Path]:
+    """Remove the temporary folders of `out` that no live prepare holds (what a killed or
+    interrupted one left); return them."""
+    removed = []
+    for folder in out.parent.glob(f".{out.name}.partial-*"):
+        with contextlib.suppress(OSError):
+            descriptor = os.open(folder, os.O_RDONLY)
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # another prepare is writing it
+            finally:
+                os.close(descriptor)
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+class Phases:
+    """The phases of one prepare, in `scratch`, with `pool`'s workers (module docstring)."""
+
+    def __init__(
+        self, sources: Sources, options: Options, scratch: Path, pool: Workers, progress: bool, say
+    ):
+        self.sources, self.options, self.scratch = sources, options, scratch
+        self.pool, self.progress, self.say = pool, progress, say
+
+    def write_corpus(
+        self, budgets: list[tuple[Path, int | None]], request: dict[str, Any]
+    ) -> Manifest:
+        """Survey, tokenizer, encoding, shards and manifest, all in the scratch folder."""
+        options = self.options
+        surveys, left_out = self.survey(budgets)
+        codec, tokenizer_file = self.tokenizer(surveys)
+        dtype = "uint16" if codec.vocab_size <= 2**16 else "uint32"
+        settings = Settings(
+            tokenizer_file,
+            codec.eot_id,
+            options.text_key,
+            options.val_fraction,
+            options.document_bytes,
+            self.scratch,
+            dtype,
+        )
+        jobs = make_jobs(surveys)
+        totals = self.encode(jobs, settings)
+        check_split(totals, surveys, options)
+        started = time.perf_counter()
+        shards = {
+            split: write_shards(self.scratch, len(jobs), split, dtype, options.shard_tokens)
+            for split in SPLITS
+        }
+        count = sum(len(split) for split in shards.values())
+        self.say(f"wrote {count} shard(s) in {time.perf_counter() - started:.1f} s")
+        bad_records = sum(survey.bad_records for survey in surveys)
+        manifest = Manifest(
+            tokenizer=options.tokenizer if options.tokenizer in ("bytes", "bpe") else "file",
+            vocab_size=codec.vocab_size,
+            eot_id=codec.eot_id,
+            dtype=dtype,
+            shards=shards,
+            documents={split: totals[f"{split}_documents"] for split in SPLITS},
+            source_bytes=sum(survey.bytes for survey in surveys),
+            request=request,
+            sources=tuple(
+                {
+                    "path": str(s.path),
+                    "bytes": s.bytes,
+                    "sha256": s.sha256,
+                    "documents": s.documents,
+                }
+                for s in surveys
+            ),
+            skipped={
+                "files": {str(survey.path): survey.problem for survey in left_out},
+                "records": bad_records,
+                "first_records": first_bad(surveys),
+                "other_kinds": self.sources.skipped,
+            },
+            tokenizer_sha256=file_sha256(tokenizer_file) if tokenizer_file else "",
+        )
+        atomic_write_text(manifest.to_json(), self.scratch / MANIFEST)  # last: it is complete
+        return manifest
+
+    def survey(self, budgets: list[tuple[Path, int | None]]) -> tuple[list[Survey], list[Survey]]:
+        """Every source surveyed (in the workers); returns the readable ones and those left
+        out (`skip_bad_files`).
+
+        Raises:
+            ValueError: a file that cannot be read or a record with no text (unless left out).
+        """
+        options, started = self.options, time.perf_counter()
+        survey = functools.partial(
+            survey_budget,
+            text_key=options.text_key,
+            document_bytes=options.document_bytes,
+            encoding=options.encoding,
+        )
+        chunk = max(1, len(budgets) // 64)
+        surveys = list(self.pool.map(survey, budgets, chunk))
+        usable = [survey for survey in surveys if survey.problem is None]
+        left_out = [survey for survey in surveys if survey.problem is not None]
+        if left_out and not options.skip_bad_files:
+            others = ", ".join(str(survey.path) for survey in left_out[1:NAMED])
+            more = f" (and {len(left_out) - 1:,} more: {others}{', ...' * (len(left_out) > NAMED)})"
+            raise ValueError(left_out[0].problem + (more if len(left_out) > 1 else ""))
+        bad = sum(survey.bad_records for survey in usable)
+        named = first_bad(usable)
+        if bad and not options.skip_bad_records:
+            listed = ", ".join(named) + (", ..." if bad > len(named) else "")
+            raise ValueError(
+                f"{named[0]}; {bad:,} record(s) in all hold no document ({listed}): fix them, "
+                "or pass --skip-bad-records to leave them out"
+            )
+        if not usable:
+            raise ValueError(f"no source can be read (all {len(surveys)} left out); name others")
+        documents = sum(survey.documents for survey in usable)
+        read = sum(survey.bytes for survey in usable)
+        line = (
+            f"surveyed {len(usable):,} source file(s), {tqdm.format_sizeof(read, 'B')}, in "
+            f"{time.perf_counter() - started:.1f} s: {documents:,} documents"
+        )
+        if left_out:
+            names = ", ".join(str(survey.path) for survey in left_out[:NAMED])
+            line += f"; left out {len(left_out):,} file(s) that cannot be read ({names})"
+        if bad:
+            line += f"; left out {bad:,} record(s) with no text ({', '.join(named)})"
+        if self.sources.skipped:
+            line += f"; skipped {self.sources.describe_skipped()} in the folders named"
+        self.say(line)
+        return usable, left_out
+
+    def tokenizer(self, surveys: list[Survey]) -> tuple[Codec, Path | None]:
+        """The codec the corpus is encoded with, and its tokenizer.json in the scratch folder
+        (None for bytes): a BPE trained in a worker, or a copy of the file named."""
+        options, started = self.options, time.perf_counter()
+        if options.tokenizer == "bytes":
+            return Codec(None), None
+        tokenizer_file = self.scratch / TOKENIZER_FILE
+        if options.tokenizer != "bpe":
+            shutil.copyfile(options.tokenizer, tokenizer_file)
+            return Codec(tokenizer_file, options.eot), tokenizer_file
+        self.pool.call(
+            train_bpe,
+            surveys,
+            options.text_key,
+            options.document_bytes,
+            options.vocab_size,
+            options.tokenizer_sample_bytes,
+            tokenizer_file,
+            self.progress,
+        )
+        sample = min(options.tokenizer_sample_bytes, sum(survey.bytes for survey in surveys))
+        self.say(
+            f"trained a byte-level BPE of {options.vocab_size:,} tokens on "
+            f"{tqdm.format_sizeof(sample, 'B')} in {time.perf_counter() - started:.1f} s"
+        )
+        return Codec(tokenizer_file), tokenizer_file
+
+    def encode(self, jobs: list[Job], settings: Settings) -> Counter[str]:
+        """Encode every job in the workers, with a bar of bytes/s and tokens/s; the summed
+        counts."""
+        totals: Counter[str] = Counter()
+        total = sum(job.bytes for job in jobs)
+        started = time.perf_counter()
+        encode = functools.partial(encode_job, settings=settings)
+        with tqdm(
+            total=total, unit="B", unit_scale=True, desc="encode", disable=not self.progress
+        ) as bar:
+            for counts in self.pool.map(encode, jobs):
+                totals.update(counts)
+                bar.update(counts["bytes"])
+                tokens = totals["train_tokens"] + totals["val_tokens"]
+                bar.set_postfix(tokens_per_s=f"{tokens / (time.perf_counter() - started):,.0f}")
+        seconds = time.perf_counter() - started
+        tokens = totals["train_tokens"] + totals["val_tokens"]
+        self.say(
+            f"encoded {tokens:,} tokens in {len(jobs):,} job(s) in {seconds:.1f} s "
+            f"({total / 1e6 / max(seconds, 1e-9):,.2f} MB/s)"
+        )
+        return totals
+
+
+def survey_budget(
+    budget: tuple[Path, int | None], text_key: str, document_bytes: int, encoding: str
+) -> Survey:
+    """`survey_source` of one (path, bytes to read) pair: what the workers map over."""
+    path, limit = budget
+    return survey_source(path, text_key, document_bytes, encoding, limit)
+
+
+def first_bad(surveys: list[Survey]) -> list[str]:
+    """The first NAMED bad records of the surveyed sources, "path:line: reason"."""
+    return [name for survey in surveys for name in survey.first_bad][:NAMED]
+
+
+def check_split(totals: Counter[str], surveys: list[Survey], options: Options) -> None:
+    """Refuse a corpus with no document in either split, saying which fix applies.
+
+    Raises:
+        ValueError: naming --val-fraction, --document-bytes (where a text file's documents
+            hold line breaks to cut at) or more text.
+    """
+    held_out, trained = totals["val_documents"], totals["train_documents"]
+    if held_out and trained:
+        return
+    documents = held_out + trained
+    cuttable = any(
+        survey.kind == "text" and survey.line_breaks > survey.documents for survey in surveys
+    )
+    more = (
+        "cut the text files into more documents with a smaller --document-bytes"
+        if cuttable
+        else "add text"
+    )
+    if documents > 1:
+        raising = (
+            f"raise it to {1 / documents:.2g} or more, or "
+            if 1 / documents > options.val_fraction
+            else ""
+        )
+        raise ValueError(
+            f"none of the {documents:,} documents is held out for validation at --val-fraction "
+            f"{options.val_fraction:g} (each source holds out its own share): {raising}{more}"
+        )
+    raise ValueError(
+        f"the sources hold {documents} document, too few to hold one out for validation; {more}"
+    )
+
+
+def write_shards(
+    scratch: Path, jobs: int, split: str, dtype: str, shard_tokens: int
+) -> tuple[Shard, ...]:
     """Concatenate one split's part files, in job order, into shards of at most
     `shard_tokens` tokens (`<split>-NNNNN.bin`, each fsynced), CHUNK_BYTES at a time; return
     their records."""
     itemsize = np.dtype(DTYPES[dtype]).itemsize
     shard_bytes = shard_tokens * itemsize
-    chunks = part_chunks(scratch, parts, split)
+    chunks = part_chunks(scratch, jobs, split)
     shards: list[Shard] = []
     pending = b""
     while True:
@@ -405,11 +484,11 @@ def write_shards(scratch: Path, parts: int, split: str, dtype: str, shard_tokens
         shards.append(Shard(path.name, written // itemsize, digest.hexdigest()))
 
 
-def part_chunks(scratch: Path, parts: int, split: str) -> Iterator[bytes]:
+def part_chunks(scratch: Path, jobs: int, split: str) -> Iterator[bytes]:
     """The bytes of one split's part files in job order, CHUNK_BYTES at most at a time; each
     part file is removed once read."""
-    for number in range(parts):
-        part = scratch / f"part-{number:05d}.{split}.bin"
+    for number in range(jobs):
+        part = part_file(scratch, number, split)
         with open(part, "rb") as source:
             while chunk := source.read(CHUNK_BYTES):
                 yield chunk
@@ -434,8 +513,21 @@ def replace_folder(scratch: Path, out: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def stop_on_sigterm(number: int, frame: object) -> None:
+    """SIGTERM's handler while prepare runs: stop as Ctrl-C does, exiting 128 + 15."""
+    raise Stopped(number)
+
+
+class Stopped(KeyboardInterrupt):
+    """A stop signal other than the terminal's SIGINT, `signal_number` the signal's."""
+
+    def __init__(self, signal_number: int):
+        super().__init__(signal_number)
+        self.signal_number = signal_number
+
+
 def main(argv: list[str] | None = None) -> Manifest:
-    """Entry point; prints where the corpus is and its token counts."""
+    """Entry point; prints a line per phase, then where the corpus is and its token counts."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sources", nargs="+", metavar="SOURCES", help="files, folders or globs")
     parser.add_argument("--config", default="configs/train.toml", help="defaults of the options")
@@ -445,6 +537,7 @@ def main(argv: list[str] | None = None) -> Manifest:
         "--vocab-size", type=int, help="tokens of a trained bpe (default: the model's, or 8192)"
     )
     parser.add_argument("--text-key", default="text", help="the text field of jsonl and parquet")
+    parser.add_argument("--encoding", default="utf-8", help="of text files (e.g. latin-1, utf-16)")
     parser.add_argument("--val-fraction", type=float, help="documents held out (config's)")
     parser.add_argument("--max-bytes", type=int, help="read at most this many source bytes")
     parser.add_argument(
@@ -456,6 +549,8 @@ def main(argv: list[str] | None = None) -> Manifest:
     parser.add_argument(
         "--tokenizer-sample-bytes", type=int, default=1 << 27, help="text a bpe is trained on"
     )
+    parser.add_argument("--skip-bad-files", action="store_true", help="leave out unreadable files")
+    parser.add_argument("--skip-bad-records", action="store_true", help="and records with no text")
     args = parser.parse_args(argv)
     from .data import NUM_CLASSES  # here: data.py imports this module
 
@@ -464,32 +559,38 @@ def main(argv: list[str] | None = None) -> Manifest:
     with user_errors():
         config = load_config(args.config, [])
         out = Path(args.out or config.data_dir)
-        counts = ("workers", "document_bytes", "shard_tokens", "vocab_size")
-        counts += ("tokenizer_sample_bytes",)
-        for option, value in ((name, getattr(args, name)) for name in counts):
-            option = "--" + option.replace("_", "-")  # --max-bytes: prepare() checks it
-            if value is not None and value < 1:
-                raise ValueError(f"{option} must be at least 1, got {value}")
-        val_fraction = config.val_fraction if args.val_fraction is None else args.val_fraction
+        if args.workers is not None and args.workers < 1:
+            raise ValueError(f"--workers must be at least 1, got {args.workers}")
+        options = Options(
+            tokenizer=args.tokenizer or config.tokenizer,
+            vocab_size=vocab_size,
+            tokenizer_sample_bytes=args.tokenizer_sample_bytes,
+            eot=args.eot,
+            text_key=args.text_key,
+            encoding=args.encoding,
+            val_fraction=config.val_fraction if args.val_fraction is None else args.val_fraction,
+            document_bytes=args.document_bytes,
+            max_bytes=args.max_bytes,
+            shard_tokens=args.shard_tokens,
+            skip_bad_files=args.skip_bad_files,
+            skip_bad_records=args.skip_bad_records,
+        )
         started = time.perf_counter()
+        previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
         try:
             manifest = prepare(
                 args.sources,
                 out,
-                tokenizer=args.tokenizer or config.tokenizer,
-                vocab_size=vocab_size,
-                text_key=args.text_key,
-                val_fraction=val_fraction,
-                document_bytes=args.document_bytes,
-                max_bytes=args.max_bytes,
-                workers=args.workers,
-                shard_tokens=args.shard_tokens,
-                eot=args.eot,
-                tokenizer_sample_bytes=args.tokenizer_sample_bytes,
+                options,
+                workers=args.workers or os.cpu_count() or 1,
                 progress=sys.stderr.isatty(),
+                log=lambda line: print(f"prepare: {line}", file=sys.stderr, flush=True),
             )
-        except KeyboardInterrupt:
-            raise SystemExit(f"interrupted: {out} is as it was before") from None
+        except KeyboardInterrupt as stop:
+            print(f"interrupted: {out} is as it was before", file=sys.stderr)
+            raise SystemExit(128 + getattr(stop, "signal_number", signal.SIGINT)) from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     seconds = time.perf_counter() - started
     train, val = (manifest.tokens(split) for split in SPLITS)
     share = val / (train + val)
@@ -498,20 +599,28 @@ def main(argv: list[str] | None = None) -> Manifest:
         f"{manifest.documents['val']} of {sum(manifest.documents.values())} documents), "
         f"{manifest.tokenizer} tokenizer, {manifest.dtype}, in {seconds:.1f} s"
     )
-    if manifest.vocab_size > NUM_CLASSES:
-        print(
-            f"the vocabulary has {manifest.vocab_size} tokens and the model {NUM_CLASSES}: "
-            f"set NUM_CLASSES = {manifest.vocab_size} in data.py to train on it; its embedding "
-            f"and head then take 2 x {manifest.vocab_size} x width of model_size's parameters "
-            f"({2 * manifest.vocab_size * 32:,} at the smallest width, 32): a small model "
-            "wants a smaller --vocab-size"
-        )
-    elif manifest.vocab_size < NUM_CLASSES:
-        print(
-            f"the vocabulary has {manifest.vocab_size} tokens and the model {NUM_CLASSES}: it "
-            "trains as it is, the model's extra tokens padding that is never a target"
-        )
+    print(vocabulary_advice(manifest.vocab_size, NUM_CLASSES, config))
     return manifest
+
+
+def vocabulary_advice(vocab_size: int, num_classes: int, config) -> str:
+    """What the corpus's vocabulary means for the model (NUM_CLASSES in data.py)."""
+    if vocab_size < num_classes:
+        return (
+            f"the vocabulary has {vocab_size} tokens and the model {num_classes}: it trains as "
+            "it is, the model's extra tokens padding that is never a target"
+        )
+    if vocab_size == num_classes:
+        return f"the vocabulary has {vocab_size} tokens, as the model (NUM_CLASSES in data.py)"
+    from .model import describe_shape  # here: the model imports data.py, which imports this
+
+    return (
+        f"the vocabulary has {vocab_size} tokens and the model {num_classes}: set NUM_CLASSES = "
+        f"{vocab_size} in data.py to train on it; model_size={config.model_size} then builds "
+        f"{describe_shape(config, vocab_size)} (now {describe_shape(config, num_classes)}): a "
+        "larger vocabulary takes parameters from the blocks, and a small model wants a smaller "
+        "--vocab-size"
+    )
 
 
 if __name__ == "__main__":

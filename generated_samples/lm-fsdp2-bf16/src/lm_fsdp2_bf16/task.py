@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .corpus import MANIFEST, Manifest
+from .corpus import MANIFEST, manifest_at
 from .data import NUM_CLASSES
 from .runtime import Runtime, all_reduce_sum
 
@@ -130,11 +130,8 @@ def throughput(summary: dict[str, Any]) -> dict[str, float | None]:
 
 def corpus_train_tokens(data_dir: str) -> int | None:
     """The training tokens of the corpus prepared in `data_dir` (None: no manifest there)."""
-    try:
-        manifest = Manifest.from_json((Path(data_dir) / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return manifest.tokens("train")
+    manifest = manifest_at(Path(data_dir) / MANIFEST)
+    return None if manifest is None else manifest.tokens("train")
 
 
 def describe_throughput(summary: dict[str, Any]) -> str:
@@ -148,9 +145,9 @@ def describe_throughput(summary: dict[str, Any]) -> str:
     if "tokens_trained" not in summary:
         return line
     epochs = summary["epochs_over_corpus"]
-    corpus = "" if epochs is None else f", {epochs:.2f} epochs over the corpus"
+    corpus = "" if epochs is None else f", {epochs:.3g} epochs over the corpus"
     return (
         f"{line}; data: {summary['tokens_per_step']:,} tokens per step, "
-        f"{summary['tokens_trained']:,} trained ({summary['tokens_per_parameter']:.2f} per "
+        f"{summary['tokens_trained']:,} trained ({summary['tokens_per_parameter']:.3g} per "
         f"parameter{corpus})"
     )

@@ -2,15 +2,15 @@
 
 One optimizer step, in the order of PyTorch's AMP recipe: zero_grad -> per micro-batch:
 autocast(forward + loss), backward(loss * weight / micro-batches) -> unscale -> clip -> step ->
-scheduler.step(). Validation every epoch, its metrics summed over every rank's samples. A
-stop signal ends a run at a step with a checkpoint; inf/NaN steps are never saved."""
+scheduler.step(). The run ends at the first of `epochs`, `max_steps` and the task's budget,
+validated every `val_every` steps (0: each epoch's end) and at its end over every rank's
+samples. A stop signal ends a run at a step with a checkpoint; inf/NaN steps are never saved."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import math
 from collections.abc import Iterable
+from contextlib import closing
 from typing import Any
 
 import torch
@@ -27,17 +27,11 @@ from .host_memory import keep_freed_memory
 from .loader import make_eval_loader, make_train_loader
 from .optim import build_optimizer, build_scheduler
 from .profiling import ProfileWindow
-from .progress import TrainState
 from .report import RunLog
-from .resume import (
-    DataPosition,
-    enter_run_folder,
-    fit_to_checkpoint,
-    seed_everything,
-    start_or_resume,
-)
+from .resume import enter_run_folder, fit_to_checkpoint, seed_all, start_or_resume, starting_state
 from .runtime import Runtime, init_runtime, shutdown_runtime
 from .safeguards import Safeguards
+from .state_io import full_disk_exits
 from .summary import finish_run
 from .task import loss_fn, micro_batch_weights
 from .validation import evaluate
@@ -76,7 +70,7 @@ class Trainer:
             keep_freed_memory()
         # The batch split a checkpoint of another world size needs, before anything uses it.
         config = fit_to_checkpoint(config, runtime.world_size, resume)
-        seed_everything(config.seed)  # the same split and first shuffle on every rank
+        seed_all(config.seed)  # the same split and first shuffle on every rank
         self.config, self.runtime = config, runtime
         train_set, val_set = build_datasets(config)
         self.train_loader = make_train_loader(train_set, config, runtime)
@@ -84,12 +78,10 @@ class Trainer:
         model = build_on_meta(config)  # shapes only: the engine materialises the weights
         self.log = RunLog(config, runtime, sum(p.numel() for p in model.parameters()))
         enter_run_folder(config, runtime, resume)  # after the refusals, before the engine
-        seed_everything(config.seed + runtime.rank)  # from here on, per-rank dropout streams
+        seed_all(config.seed + runtime.rank)  # from here on, per-rank dropout streams
         self.engine = Engine(model, lambda module: build_optimizer(module, config), runtime, config)
-        self.steps_per_epoch = math.ceil(len(self.train_loader) / config.grad_accum_steps)
-        total_steps = config.epochs * self.steps_per_epoch
-        self.scheduler = build_scheduler(self.engine.optimizer, config, total_steps)
-        self.state = TrainState(data=DataPosition(self.train_loader))  # where the run is
+        self.state = starting_state(config, self.train_loader, runtime.world_size)
+        self.scheduler = build_scheduler(self.engine.optimizer, config, self.state.run_steps)
         shared = {"scheduler": self.scheduler, "progress": self.state}
         per_rank = {"data_position": self.state.data}
         self.checkpoints = CheckpointManager(config, runtime, self.engine, shared, per_rank)
@@ -100,37 +92,42 @@ class Trainer:
         self.profiler = ProfileWindow(config, runtime)
 
     def fit(self) -> dict[str, Any]:
-        """Train until `epochs`, early stopping or `stop_after_steps`; return the run summary.
-        Raises Preempted (a stop signal) or FloatingPointError (inf/NaN), see safeguards.py."""
+        """Train until the run's length, early stopping or `stop_after_steps`; return the run
+        summary. Raises Preempted (a stop signal) or FloatingPointError (inf/NaN), see
+        safeguards.py."""
         config, state = self.config, self.state
         if not state.finished(config):  # a resumed run that had ended records nothing
             self.log.start_run(state, self.resumed_from)
             self.profiler.at_step(state.step)
-        # Closed in reverse: a background save finishes first, and the guards let go last.
-        with self.guards, self.log, self.profiler, contextlib.closing(self.checkpoints):
-            while not state.finished(config) and self.train_epoch():  # False: stopped mid-epoch
-                metrics = evaluate(self.engine, self.val_loader, self.checkpointer.stop_on_signal)
-                state.record_validation(metrics, config.monitor)
-                self.log.write("val", step=state.step, epoch=state.epoch + 1, **metrics)
-                state.end_epoch()
-                self.checkpointer.epoch_done()
+        # Closed in reverse: the loader's workers go, a background save finishes, and the
+        # guards let go of the run folder last.
+        with self.guards, self.log, self.profiler, closing(self.checkpoints), closing(state.data):
+            while not state.finished(config):  # a due validation first: a resume may owe one
+                self.validate() if state.validation_due(config) else self.train_until_validation()
             return finish_run(self.log, self.profiler, self.checkpoints, state, self.resumed_from)
 
-    def train_epoch(self) -> bool:
-        """Run the rest of the current epoch; False when `stop_after_steps` stopped it early."""
+    def validate(self) -> None:
+        """Validate the current step on every rank, record it and checkpoint it."""
+        state, between = self.state, self.checkpointer.stop_on_signal
+        metrics = evaluate(self.engine, self.val_loader, self.config.val_batches, between)
+        improved = state.record_validation(metrics, self.config.monitor)
+        self.log.write("val", step=state.step, epoch=state.epochs_done(), **metrics)
+        self.checkpointer.validation_done(improved)
+
+    def train_until_validation(self) -> None:
+        """Take optimizer steps until a validation is due or `stop_after_steps` is reached."""
         config, state = self.config, self.state
-        data = self.log.start_epoch(state, self.steps_per_epoch, state.begin_epoch())
-        while state.mid_epoch() and not state.reached_stop_after(config):
-            count = min(config.grad_accum_steps, state.batches_left())
-            lr = self.scheduler.get_last_lr()[0]  # the rate this step runs at
-            step = train_step(self.engine, self.scheduler, data, count, config.max_grad_norm)
-            state.advance(count)
-            self.guards.step_done(state.step, *step)
-            self.log.step(state, count, *step[:2], lr)
-            self.profiler.at_step(state.step)
-            self.checkpointer.step_done()
-        self.log.end_epoch()
-        return not state.mid_epoch()
+        with self.log.training():
+            while not (state.validation_due(config) or state.reached_stop_after(config)):
+                count = min(config.grad_accum_steps, state.batches_left())
+                lr = self.scheduler.get_last_lr()[0]  # the rate this step runs at
+                batches = self.log.timed(state.epoch_batches())
+                step = train_step(self.engine, self.scheduler, batches, count, config.max_grad_norm)
+                state.advance(count)  # a used-up epoch ends here
+                self.guards.step_done(state.step, *step)
+                self.log.step(state, count, *step[:2], lr)
+                self.profiler.at_step(state.step)
+                self.checkpointer.step_done()
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -141,7 +138,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         with user_errors():
             trainer = Trainer(config, runtime, resume)
-        return trainer.fit()  # a stop signal exits with PREEMPTED_EXIT_CODE (preemption.py)
+        with full_disk_exits():  # one line that says where, and what to free
+            return trainer.fit()  # a stop signal exits with PREEMPTED_EXIT_CODE (preemption.py)
     finally:  # fit closed the log on every way out
         trainer = None  # free the wrapper's communication hooks before the process group goes
         shutdown_runtime(runtime)

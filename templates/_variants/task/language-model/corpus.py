@@ -5,6 +5,12 @@ The manifest is the contract between prepare and training: the tokenizer, its vo
 end-of-text id, the shards' dtype, and per split (train, val) the shard files with their token
 counts and SHA-256 checksums. A folder without a manifest holds no corpus: prepare writes it
 last (state_io's atomic rule), so an interrupted prepare leaves nothing a run would read.
+
+A corpus's identity is its content (`Manifest.fingerprint`: the shards' and the tokenizer's
+checksums), not when its sources were touched: preparing the same sources again gives the same
+corpus, and a run resumes on it. `describe_change` says what differs between two corpora.
+
+Nothing here imports torch until a window is read: prepare's worker processes import this.
 """
 
 from __future__ import annotations
@@ -14,15 +20,16 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from torch import Tensor
-from torch.utils.data import Dataset
+
+if TYPE_CHECKING:
+    import torch
 
 MANIFEST = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"  # beside the shards, for "bpe" and a named tokenizer.json
+RUN_MANIFEST = "corpus.json"  # a run folder's copy of the manifest of the corpus it trains on
 FORMAT = 1
 SPLITS = ("train", "val")
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
@@ -44,9 +51,13 @@ class Shard:
 
 @dataclass(frozen=True)
 class Manifest:
-    """What a prepared corpus holds (see the module docstring). `sources` lists each source
-    file with its size in bytes and modification time in ns; `request` is what prepare was
-    asked (sources, tokenizer, settings), which a re-run compares to do nothing."""
+    """What a prepared corpus holds (see the module docstring). `request` is what prepare was
+    asked (sources with their sizes and modification times in ns, tokenizer, settings), which a
+    re-run compares to do nothing; `sources` each source read, with its bytes, their SHA-256
+    and its documents; `skipped` what was left out (`files`: path -> why it cannot be read;
+    `records`: lines or rows with no text, the first named in `first_records`; `other_kinds`:
+    files of other kinds in the folders named, by suffix); `tokenizer_sha256` the
+    tokenizer.json's ("" for bytes)."""
 
     tokenizer: str  # "bytes", "bpe" (trained at prepare) or "file" (a tokenizer.json named)
     vocab_size: int
@@ -56,11 +67,25 @@ class Manifest:
     documents: dict[str, int]
     source_bytes: int
     request: dict[str, Any]
+    sources: tuple[dict[str, Any], ...] = ()
+    skipped: dict[str, Any] = dataclasses.field(default_factory=dict)
+    tokenizer_sha256: str = ""
     format: int = FORMAT
 
     def tokens(self, split: str) -> int:
         """Tokens in `split` ("train" or "val"), end-of-text ids included."""
         return sum(shard.tokens for shard in self.shards[split])
+
+    def fingerprint(self) -> str:
+        """SHA-256 of what a model trained on this corpus depends on: the tokenizer (its file's
+        checksum, its end-of-text id), the dtype, and each split's shard checksums in order."""
+        content = {
+            "tokenizer": self.tokenizer_sha256 or self.tokenizer,
+            "eot_id": self.eot_id,
+            "dtype": self.dtype,
+            "shards": {split: [shard.sha256 for shard in self.shards[split]] for split in SPLITS},
+        }
+        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
     def to_json(self) -> str:
         """The manifest as written to manifest.json (sorted keys: equal manifests, equal text)."""
@@ -77,7 +102,46 @@ class Manifest:
         if values.get("format") != FORMAT:
             raise ValueError(f"manifest format {values.get('format')}, this code reads {FORMAT}")
         shards = {split: tuple(Shard(**s) for s in values["shards"][split]) for split in SPLITS}
-        return cls(**(values | {"shards": shards}))
+        return cls(**(values | {"shards": shards, "sources": tuple(values.get("sources", ()))}))
+
+
+def describe_change(before: Manifest, after: Manifest) -> str:
+    """What differs between the corpus `before` and the corpus `after`, in one line: sources
+    added, removed and changed (by their content), tokens per split, and the tokenizer."""
+    old = {source["path"]: source.get("sha256") for source in before.sources}
+    new = {source["path"]: source.get("sha256") for source in after.sources}
+    parts = []
+    for what, paths in (
+        ("added", [path for path in new if path not in old]),
+        ("removed", [path for path in old if path not in new]),
+        ("changed", [path for path in new if path in old and new[path] != old[path]]),
+    ):
+        if paths:
+            named = ", ".join(paths[:3]) + (", ..." if len(paths) > 3 else "")
+            parts.append(f"{len(paths)} source(s) {what} ({named})")
+    tokens = ", ".join(
+        f"{split} {before.tokens(split):,} -> {after.tokens(split):,}" for split in SPLITS
+    )
+    tokenizer = "the same tokenizer" if same_tokenizer(before, after) else "another tokenizer"
+    return "; ".join([*parts, f"tokens {tokens}", tokenizer])
+
+
+def same_tokenizer(before: Manifest, after: Manifest) -> bool:
+    """Whether two corpora were encoded by the same tokenizer: its file's checksum ("bytes"
+    for the byte tokenizer), vocabulary and end-of-text id."""
+
+    def key(manifest: Manifest) -> tuple[str, int, int]:
+        return manifest.tokenizer_sha256 or manifest.tokenizer, manifest.vocab_size, manifest.eot_id
+
+    return key(before) == key(after)
+
+
+def manifest_at(path: Path) -> Manifest | None:
+    """The manifest in the file `path`, or None where none reads there."""
+    try:
+        return Manifest.from_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def file_sha256(path: Path) -> str:
@@ -123,11 +187,12 @@ def read_manifest(data_dir: Path, prepare_hint: str) -> Manifest:
 class Codec:
     """Text to token ids and back: bytes (ids 0-255, end-of-text 256), or an HF `tokenizers`
     Tokenizer loaded from a tokenizer.json, whose end-of-text token is `eot_id`, else the token
-    `eot`, else the first of KNOWN_EOT it has.
+    `eot`, else the first of KNOWN_EOT it has; an end-of-text token is one of the tokenizer's
+    special or added tokens (an ordinary word would end documents that merely contain it).
 
     Raises:
-        ValueError: not a tokenizer.json, or it has no such end-of-text token (name it with
-            --eot).
+        ValueError: not a tokenizer.json, or it has no such end-of-text token among its special
+            and added tokens (name one with --eot).
     """
 
     def __init__(
@@ -147,12 +212,19 @@ class Codec:
         if eot_id is not None:
             self.eot_id = eot_id
             return
+        added = {token.content: i for i, token in self.tokenizer.get_added_tokens_decoder().items()}
         names = (eot,) if eot else KNOWN_EOT
-        found = [i for i in map(self.tokenizer.token_to_id, names) if i is not None]
+        found = [added[name] for name in names if name in added]
         if not found:
+            ordinary = eot is not None and self.tokenizer.token_to_id(eot) is not None
+            kind = "is an ordinary token of" if ordinary else "is not a token of"
+            what = (
+                f"--eot {eot!r} {kind}" if eot else f"no end-of-text token ({', '.join(names)}) in"
+            )
+            special = ", ".join(list(added)[:8]) or "none"
             raise ValueError(
-                f"{tokenizer_file} has no end-of-text token {' or '.join(names)}; name the "
-                "one it has with --eot"
+                f"{what} {tokenizer_file}; name one of its special or added tokens with --eot "
+                f"(it has: {special})"
             )
         self.eot_id = found[0]
 
@@ -178,7 +250,7 @@ class Codec:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
 
-class TokenWindows(Dataset):
+class TokenWindows:
     """Non-overlapping windows of `block_size` + 1 tokens inside each shard of one split,
     read from memory-mapped shard files: no process copies the corpus, and DataLoader workers
     share its pages (the kernel's page cache) with the training process.
@@ -200,8 +272,10 @@ class TokenWindows(Dataset):
     def __len__(self) -> int:
         return int(self.first_window[-1])
 
-    def __getitem__(self, indices: list[int]) -> tuple[Tensor, Tensor]:
+    def __getitem__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Raises IndexError: an index outside `[0, len(self))`."""
+        import torch  # here: the rest of this module serves prepare, which needs no torch
+
         positions = np.asarray(indices, dtype=np.int64)
         if positions.size and not 0 <= positions.min() <= positions.max() < len(self):
             raise IndexError(f"windows {indices} are not all in [0, {len(self)})")

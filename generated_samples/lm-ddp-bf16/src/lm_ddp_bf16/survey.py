@@ -1,0 +1,157 @@
+"""The survey of a source, before anything is encoded: whether it reads (text that decodes
+strictly, JSON lines and parquet rows that hold documents), how many documents it holds, its
+bytes' SHA-256, and where jobs may start reading it: `Span`s of about JOB_BYTES, each at a
+document's start, so that one large file is encoded on every core and a job is short.
+
+A compressed source cannot be read from the middle: it is one span. A parquet file is cut
+between row groups.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from .documents import BadRecord, BadSource, Layout, Span, read_pieces, text_layout
+from .sources import compression, source_kind
+
+JOB_BYTES = 1 << 22  # source bytes of one encoding job, about
+NAMED = 5  # bad records a survey names
+
+
+@dataclass(frozen=True)
+class Survey:
+    """What prepare knows of one source before encoding it (see the module docstring).
+
+    `bytes`: what it adds to the corpus's source bytes (its size, or a `max_bytes` budget);
+    `line_breaks`: in a text file, how many it holds (more than documents: a smaller
+    --document-bytes would cut more); `first_bad`: "path:line: reason" of its first NAMED
+    bad records; `problem`: why the whole file cannot be read (then nothing else is known).
+    """
+
+    path: Path
+    kind: str
+    layout: Layout | None
+    spans: tuple[Span, ...]
+    bytes: int
+    sha256: str = ""
+    documents: int = 0
+    line_breaks: int = 0
+    bad_records: int = 0
+    first_bad: tuple[str, ...] = ()
+    problem: str | None = None
+
+    def span_bytes(self, span: Span) -> int:
+        """The source bytes `span` covers (a parquet row group span: its share of the file)."""
+        if self.kind == "parquet":
+            return self.bytes * len(range(span.start, span.end)) // max(1, self.spans[-1].end)
+        return (self.bytes if span.end is None else span.end) - span.start
+
+
+class Tally:
+    """A hashlib object's `update` that also counts `newline`s."""
+
+    def __init__(self, newline: bytes):
+        self.digest, self.newline, self.count = hashlib.sha256(), newline, 0
+
+    def update(self, data: bytes) -> None:
+        self.digest.update(data)
+        self.count += data.count(self.newline)
+
+
+def survey_source(
+    path: Path, text_key: str, document_bytes: int, encoding: str, limit: int | None
+) -> Survey:
+    """Read `path` once through (its first `limit` bytes, for a text file cut by a
+    `max_bytes` budget) and return its Survey; a file that cannot be read has `problem` set."""
+    kind = source_kind(path)
+    size = path.stat().st_size if limit is None else limit
+    try:
+        if kind == "parquet":
+            return survey_parquet(path, text_key, size)
+        layout = text_layout(path, encoding if kind == "text" else "utf-8")
+        tally = Tally(layout.newline)
+        whole = Span(layout.start, limit, 0, cut=limit is not None)
+        spans, begun, first = [], layout.start, 0
+        documents, bad, named = 0, 0, []
+        for item in read_pieces(path, kind, layout, whole, text_key, document_bytes, tally):
+            start = item.start
+            if start is not None and start - begun >= JOB_BYTES and not compression(path):
+                spans.append(Span(begun, start, first))
+                begun, first = start, item.number
+            if isinstance(item, BadRecord):
+                bad += 1
+                named += [f"{path}:{item.number + 1}: {item.reason}"][: NAMED - len(named)]
+            elif item.last:
+                documents += 1
+        spans.append(Span(begun, limit, first, cut=limit is not None))
+    except BadSource as error:
+        return Survey(path, kind, None, (), size, problem=str(error))
+    line_breaks = tally.count if kind == "text" else 0
+    digest = tally.digest.hexdigest()
+    return Survey(
+        path, kind, layout, tuple(spans), size, digest, documents, line_breaks, bad, tuple(named)
+    )
+
+
+def survey_parquet(path: Path, text_key: str, size: int) -> Survey:
+    """A parquet file's Survey: spans of whole row groups; a null value is a bad record.
+
+    Raises:
+        BadSource: not a parquet file, no `text_key` column, or one that does not hold text.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.ParquetFile(path)
+    except Exception as error:  # pyarrow raises its own ArrowInvalid for a damaged file
+        raise BadSource(f"{path} is not a parquet file ({error}); leave it out") from None
+    names = table.schema_arrow.names
+    if text_key not in names:
+        raise BadSource(
+            f"{path} has no column {text_key!r} (it has: {', '.join(names)}); name it with "
+            "--text-key"
+        )
+    kind = table.schema_arrow.field(text_key).type
+    if not (
+        pa.types.is_string(kind) or pa.types.is_large_string(kind) or str(kind) == "string_view"
+    ):
+        raise BadSource(
+            f"{path}'s column {text_key!r} holds {kind}, not text; name a text column with "
+            "--text-key"
+        )
+    spans, begun, first, rows, grouped = [], 0, 0, 0, 0
+    for group in range(table.num_row_groups):
+        meta = table.metadata.row_group(group)
+        if grouped >= JOB_BYTES:
+            spans.append(Span(begun, group, first))
+            begun, first, grouped = group, rows, 0
+        rows += meta.num_rows
+        grouped += meta.total_byte_size
+    spans.append(Span(begun, table.num_row_groups, first))
+    documents, bad, named = 0, 0, []
+    whole = Span(0, table.num_row_groups, 0)
+    for item in read_pieces(path, "parquet", None, whole, text_key, 0):
+        if isinstance(item, BadRecord):
+            bad += 1
+            named += [f"{path}:row {item.number}: {item.reason}"][: NAMED - len(named)]
+        elif item.last:
+            documents += 1
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 24):
+            digest.update(chunk)
+    return Survey(
+        path,
+        "parquet",
+        None,
+        tuple(spans),
+        size,
+        digest.hexdigest(),
+        documents,
+        0,
+        bad,
+        tuple(named),
+    )
