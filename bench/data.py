@@ -8,7 +8,14 @@
    `encode_batch` over the same documents in one process (its own threads on every core),
    keeping the ids in memory and writing nothing. MB/s of source text; the target is prepare at
    >= 0.8x the reference.
-2. Resident memory of a reader. Token shards of ~10 MB and ~1 GB (random ids, written
+2. Prepare's peak memory. 60 MB of text as one JSON-lines record, and the same bytes as 1,000
+   records of 60 KB, each prepared with that BPE in one worker process; the peak resident set
+   of the largest process of each prepare (`ru_maxrss` of its process tree). The target: within
+   200 MB of each other (a document is encoded in bounded pieces, whatever its size).
+3. Stopping prepare. `prepare` with a worker per core is sent SIGINT (as Ctrl-C) or SIGTERM a
+   second into its work; the seconds until it has exited, and the processes of its group left
+   after that (its workers: the target is none, within a few seconds).
+4. Resident memory of a reader. Token shards of ~10 MB and ~1 GB (random ids, written
    directly) are read by the project's `TokenWindows` through its training DataLoader, 2,000
    micro-batches of 32 x 1,024 tokens each (epoch after epoch for the small one), in a fresh
    process; the growth of its resident set (VmRSS) over the reads is printed. The target:
@@ -22,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -37,10 +45,7 @@ VARIANT = "lm-cpu-single-fp32"
 
 def write_corpus(folder: Path, megabytes: int) -> int:
     """Text files of ~8 MB in `folder`, ~`megabytes` MB in all; returns their bytes."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    sources = sorted(p for p in root.glob("*.py"))
-    text = "".join(p.read_text(encoding="utf-8", errors="replace") for p in sources)
-    lines = text.splitlines(keepends=True)
+    lines = stdlib_text().splitlines(keepends=True)
     total, copy = 0, 0
     while total < megabytes * 10**6:
         numbered = "".join(f"{copy}:{n} {line}" for n, line in enumerate(lines))
@@ -53,43 +58,58 @@ def write_corpus(folder: Path, megabytes: int) -> int:
     return total
 
 
-def prepare_table(project: Path, megabytes: int) -> str:
-    """Prepare's throughput against `encode_batch` (see the module docstring)."""
+def train_tokenizer(project: Path, folder: Path, out: Path) -> float:
+    """Train the BPE of 8,192 tokens on `folder`'s first 16 MB into `out`; its seconds."""
     sys.path.insert(0, str(project / "src"))
-    from lm.prepare import prepare, train_bpe
-    from lm.sources import DOCUMENT_BYTES, documents, find_sources
+    from lm.prepare import DOCUMENT_BYTES
+    from lm.prepare_jobs import train_bpe
+    from lm.sources import find_sources
+    from lm.survey import survey_source
+
+    sources = find_sources([str(folder)]).files
+    surveys = [survey_source(path, "text", DOCUMENT_BYTES, "utf-8", None) for path in sources]
+    start = time.perf_counter()
+    train_bpe(surveys, "text", DOCUMENT_BYTES, 8192, 16 * 10**6, out, False)
+    return time.perf_counter() - start
+
+
+def prepare_table(project: Path, megabytes: int, scratch: Path) -> str:
+    """Prepare's throughput against `encode_batch` (see the module docstring)."""
+    from lm.documents import Piece, read_pieces
+    from lm.prepare import DOCUMENT_BYTES, Options, prepare
+    from lm.sources import find_sources
+    from lm.survey import survey_source
     from tokenizers import Tokenizer
 
     rows = ["| what | seconds | MB/s | / encode_batch |", "| --- | --- | --- | --- |"]
-    with tempfile.TemporaryDirectory() as scratch:
-        folder = Path(scratch) / "text"
-        folder.mkdir()
-        size = write_corpus(folder, megabytes)
-        sources = find_sources([str(folder)])
-        tokenizer_file = Path(scratch) / "tokenizer.json"
-        start = time.perf_counter()
-        train_bpe(sources, "text", 8192, 16 * 10**6, tokenizer_file)
-        trained = time.perf_counter() - start
+    folder = scratch / "text"
+    folder.mkdir()
+    size = write_corpus(folder, megabytes)
+    tokenizer_file = scratch / "tokenizer.json"
+    trained = train_tokenizer(project, folder, tokenizer_file)
 
-        tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        start = time.perf_counter()
-        batch, size_of_batch, tokens = [], 0, 0
-        for source in sources:
-            for text in documents(source, "text", None, DOCUMENT_BYTES):
-                batch.append(text)
-                size_of_batch += len(text)
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    start = time.perf_counter()
+    batch, size_of_batch, tokens = [], 0, 0
+    for path in find_sources([str(folder)]).files:
+        surveyed = survey_source(path, "text", DOCUMENT_BYTES, "utf-8", None)
+        for span in surveyed.spans:
+            for piece in read_pieces(path, "text", surveyed.layout, span, "text", DOCUMENT_BYTES):
+                if isinstance(piece, Piece):
+                    batch.append(piece.text)
+                    size_of_batch += len(piece.text)
                 if size_of_batch >= 1 << 22:
                     tokens += sum(len(e.ids) for e in tokenizer.encode_batch(batch))
                     batch, size_of_batch = [], 0
-        tokens += sum(len(e.ids) for e in tokenizer.encode_batch(batch))
-        reference = time.perf_counter() - start
+    tokens += sum(len(e.ids) for e in tokenizer.encode_batch(batch))
+    reference = time.perf_counter() - start
 
-        timings = {}
-        for workers in (os.cpu_count() or 1, 1):
-            out = Path(scratch) / f"corpus-{workers}"
-            start = time.perf_counter()
-            prepare([str(folder)], out, str(tokenizer_file), workers=workers, progress=False)
-            timings[workers] = time.perf_counter() - start
+    timings = {}
+    for workers in (os.cpu_count() or 1, 1):
+        start = time.perf_counter()
+        options = Options(tokenizer=str(tokenizer_file))
+        prepare([str(folder)], scratch / f"corpus-{workers}", options, workers=workers)
+        timings[workers] = time.perf_counter() - start
 
     megabyte = size / 10**6
     rows.append(f"| train the BPE (16 MB sample) | {trained:.1f} | {16 / trained:.1f} | |")
@@ -104,6 +124,87 @@ def prepare_table(project: Path, megabytes: int) -> str:
         )
     header = f"{megabyte:,.0f} MB of text, {tokens:,} tokens (BPE of 8,192), {os.cpu_count()} cores"
     return header + "\n\n" + "\n".join(rows)
+
+
+PEAK = r"""
+import resource, subprocess, sys
+subprocess.run([sys.executable, "-m", "lm.prepare", *sys.argv[1:]], check=True,
+               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
+"""
+
+
+def memory_of_prepare_table(project: Path, scratch: Path) -> str:
+    """Prepare's peak memory on one 60 MB record and on 1,000 records of 60 KB (the module
+    docstring's second table)."""
+    text = stdlib_text()
+    while len(text) < 60 * 10**6:
+        text += text
+    text = text[: 60 * 10**6]
+    one, many = scratch / "one", scratch / "many"
+    one.mkdir()
+    many.mkdir()
+    # The single record's file has company: a corpus of one document holds none out.
+    (one / "record.jsonl").write_text(json.dumps({"text": text}) + "\n")
+    small = [json.dumps({"text": text[n : n + 60_000]}) for n in range(0, len(text), 60_000)]
+    (one / "others.jsonl").write_text("\n".join(small[:20]) + "\n")
+    (many / "records.jsonl").write_text("\n".join(small) + "\n")
+    (many / "others.jsonl").write_text("\n".join(small[:20]) + "\n")
+    tokenizer_file = scratch / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        train_tokenizer(project, many, tokenizer_file)
+    env = {**os.environ, "PYTHONPATH": str(project / "src")}
+    rows = ["| corpus | peak RSS, largest process |", "| --- | --- |"]
+    peaks = {}
+    for label, folder in (("one 60 MB record", one), ("1,000 records of 60 KB", many)):
+        command = [sys.executable, "-c", PEAK, str(folder), "--out", str(folder / "corpus")]
+        command += ["--tokenizer", str(tokenizer_file), "--workers", "1"]
+        result = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True)
+        peaks[label] = int(result.stdout.split()[-1])
+        rows.append(f"| {label} | {peaks[label] / 2**20:,.0f} MiB |")
+    difference = abs(peaks["one 60 MB record"] - peaks["1,000 records of 60 KB"])
+    rows.append(f"| difference | {difference / 2**20:,.0f} MiB (target: < 200) |")
+    return "\n".join(rows)
+
+
+def stop_table(project: Path, scratch: Path) -> str:
+    """How fast prepare stops on SIGINT and SIGTERM, and what of it is left (the module
+    docstring's third table)."""
+    folder = scratch / "text"
+    env = {**os.environ, "PYTHONPATH": str(project / "src")}
+    command = [sys.executable, "-m", "lm.prepare", str(folder), "--out", str(scratch / "stop")]
+    command += ["--tokenizer", "bpe", "--vocab-size", "8192"]
+    rows = ["| signal | phase | seconds to exit | exit status | processes left |"]
+    rows.append("| --- | --- | --- | --- | --- |")
+    for stop in (signal.SIGINT, signal.SIGTERM):
+        process = subprocess.Popen(
+            command, cwd=project, env=env, stderr=subprocess.PIPE, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        phase = process.stderr.readline().split(":")[1].split()[0]  # "surveyed"
+        time.sleep(1.0)
+        sent = time.perf_counter()
+        process.send_signal(stop)
+        process.wait()
+        seconds = time.perf_counter() - sent
+        time.sleep(1.0)
+        left = subprocess.run(
+            ["pgrep", "-g", str(process.pid)], capture_output=True, text=True
+        ).stdout.split()
+        process.stderr.close()
+        name = f"{stop.name} ({'Ctrl-C' if stop == signal.SIGINT else 'kill PID'})"
+        rows.append(
+            f"| {name} | after {phase}, +1 s | {seconds:.2f} | {process.returncode} | {len(left)} |"
+        )
+    return "\n".join(rows)
+
+
+def stdlib_text() -> str:
+    """The standard library's top-level .py files, concatenated."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return "".join(
+        p.read_text(encoding="utf-8", errors="replace") for p in sorted(root.glob("*.py"))
+    )
 
 
 READER = r"""
@@ -189,7 +290,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         project = Path(scratch) / "lm"
         render_variant(VARIANT, project)
-        text = "Prepare throughput:\n\n" + prepare_table(project, args.megabytes)
+        work = Path(scratch) / "work"
+        work.mkdir()
+        text = "Prepare throughput:\n\n" + prepare_table(project, args.megabytes, work)
+        text += "\n\nPrepare's peak memory:\n\n" + memory_of_prepare_table(project, work)
+        text += "\n\nStopping prepare:\n\n" + stop_table(project, work)
         text += "\n\nReader memory:\n\n" + memory_table(project)
     print(text)
     if args.readme:

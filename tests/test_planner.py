@@ -249,6 +249,37 @@ def test_gpt3s_warmup_is_kept_within_a_tenth_of_the_planned_run():
     assert "would be 716 steps" in warmup.source
 
 
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"task": "language-model"},  # the CPU example: 100K parameters, 32 x 64 tokens a step
+        {"task": "language-model", "model_size": "10M"},
+        H100S | {"model_size": "125M"},
+    ],
+)
+def test_a_language_models_run_is_a_token_budget_validated_twenty_times(values):
+    """~20 tokens per parameter (Hoffmann et al. 2022) to two significant digits, validated
+    every twentieth of its steps, each validation ~2M tokens over every process."""
+    planned = plan(answers(**values))
+    settings = {key: setting.value for key, setting in planned.settings.items()}
+    tokens = settings["max_tokens"]
+    assert tokens == float(f"{20 * planned.shape.params:.2g}")
+    world = planned.answers.world_size
+    sequences = settings["micro_batch_size"] * settings["grad_accum_steps"] * world
+    steps = math.ceil(tokens / (sequences * settings["block_size"]))
+    every = settings["val_every"]
+    assert every == float(f"{steps / 20:.2g}") and 15 < steps / every < 25
+    batch_tokens = settings["micro_batch_size"] * settings["block_size"] * world
+    assert 2**21 <= settings["val_batches"] * batch_tokens < 2**21 + batch_tokens
+    assert "Hoffmann et al. 2022" in planned.settings["max_tokens"].source
+
+
+def test_the_digits_cnn_validates_its_whole_split_at_each_epochs_end():
+    settings = plan(answers(task="image-classification")).settings
+    assert "max_tokens" not in settings
+    assert (settings["val_every"].value, settings["val_batches"].value) == (0, 0)
+
+
 def test_volta_shards_a_model_too_large_for_one_gpu_in_fp32_not_fp16():
     planned = plan(answers(task="language-model", model_size="7B", hardware="cuda",
                            gpu_arch="volta-turing", gpus_per_node=8, gpu_memory_gb=32))  # fmt: skip

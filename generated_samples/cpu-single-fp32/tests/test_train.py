@@ -69,11 +69,22 @@ def latest_checkpoint(run_dir: Path) -> dict:
 
 def test_a_run_writes_its_weights_tensorboard_events_a_plot_and_a_trace(config):
     """The files a user looks at after a run, written by default (the profiler window on
-    request): each read back by the library that a user would open it with."""
-    config = dataclasses.replace(config, epochs=1, log_every=2, profile_steps="2:4")
+    request): each read back by the library that a user would open it with. The run has a
+    step budget (`max_steps`) that ends it inside its first epoch, validated every `val_every`
+    steps and at its end, each validation checkpointed; its LR schedule spans the budget."""
+    settings = {"epochs": 50, "max_steps": 11, "val_every": 4, "warmup_steps": 2}
+    settings |= {"log_every": 1, "checkpoint_every": 0, "profile_steps": "2:4"}
+    config = dataclasses.replace(config, **settings)
     trainer = Trainer(config, init_runtime("cpu"))
     summary = trainer.fit()
     run_dir = Path(config.run_dir)
+    assert trainer.state.run_steps == summary["steps"] == 11 and summary["epochs"] < 1
+    assert {f"step-{step:08d}" for step in (4, 8, 11)} <= {
+        folder.name for folder in step_folders(run_dir / "checkpoints")
+    }
+    progress = (10 - 2) / (11 - 2)  # step 11 runs at the factor of 0-based step 10
+    end = config.min_lr_ratio + (1 - config.min_lr_ratio) * (1 + math.cos(math.pi * progress)) / 2
+    assert logged_records(run_dir, "train")[-1]["lr"] == pytest.approx(config.lr * end)
     weights = exported_weights(run_dir)
     assert not any(key.startswith(("module.", "_orig_mod.")) for key in weights)
     build_model(config).load_state_dict(weights, strict=True)
@@ -86,17 +97,17 @@ def test_a_run_writes_its_weights_tensorboard_events_a_plot_and_a_trace(config):
     assert [step for step, _ in scalars["train/loss"]] == [
         r["step"] for r in logged if r["kind"] == "train"
     ]
-    assert [step for step, _ in scalars["val/loss"]] == [summary["steps"]]
+    assert [step for step, _ in scalars["val/loss"]] == [4, 8, 11]
     assert scalars.keys() >= {"train/lr", "train/grad_norm", "train/samples_per_second"}
     for name in METRICS:
-        assert scalars[f"val/{name.removeprefix('val_')}"][0][1] == pytest.approx(summary[name])
+        assert scalars[f"val/{name.removeprefix('val_')}"][-1][1] == pytest.approx(summary[name])
     assert len(list((run_dir / "tensorboard").iterdir())) == 1
     assert_loss_curve_png(run_dir / "loss_curve.png")
     trace = json.loads((run_dir / "profile" / "rank0.pt.trace.json").read_text())
     spans = {event["name"] for event in trace["traceEvents"] if event.get("ph") == "X"}
     assert {"ProfilerStep#1", "ProfilerStep#2"} <= spans and "ProfilerStep#3" not in spans
     assert summary["files"]["profile_trace"] == str(run_dir / "profile" / "rank0.pt.trace.json")
-    assert latest_checkpoint(run_dir)["components"]["progress"]["epoch"] == 1
+    assert latest_checkpoint(run_dir)["components"]["progress"]["validated_step"] == 11
 
 
 def test_reports_switched_off_leave_no_file_behind(config):
@@ -105,8 +116,12 @@ def test_reports_switched_off_leave_no_file_behind(config):
     written = {path.name for path in Path(config.run_dir).iterdir()}
     basics = {"checkpoints", "config.json", "metrics.jsonl", "summary.json", "summary.md"}
     basics.add(".lock")  # run_folder.py: one run at a time in a folder
-    basics |= set(config.task_run_files())  # what the task keeps to use the weights later
+    basics |= set(getattr(config, "task_run_files", dict)())  # what the task's weights need
     assert written == basics | {LAST_WEIGHTS_FILE}  # no validation: no best weights
+    # Nothing is known of the metrics before a validation: JSON has no NaN, so null.
+    text = (Path(config.run_dir) / "summary.json").read_text()
+    saved = json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in summary.json"))
+    assert saved["best"]["value"] is None and all(saved[name] is None for name in METRICS)
     assert summary["files"] == {
         "best_weights": None,
         "last_weights": str(Path(config.run_dir) / LAST_WEIGHTS_FILE),
@@ -121,9 +136,10 @@ def test_model_safetensors_holds_the_best_validated_weights_and_model_last_the_l
     config, monkeypatch
 ):
     """Shipped weights are the best checkpoint's, not whatever the run ended on; the final
-    step's are beside them, and the summary names which is which. The validations are stand-ins
-    whose second result is worse, and a train split of a few steps keeps the run short."""
-    settings = {"epochs": 2, "val_fraction": 0.9, "early_stop_patience": 0, "monitor": "val_loss"}
+    step's are beside them, and the summary names which is which. The validations, every 2
+    steps, are stand-ins whose results worsen: early stopping, counted in validations, ends
+    the run at the third."""
+    settings = {"epochs": 50, "val_every": 2, "early_stop_patience": 2, "monitor": "val_loss"}
     config, validated = dataclasses.replace(config, **settings), []
 
     def evaluate(engine, loader, max_batches, between_batches):  # the first one is the best
@@ -136,10 +152,10 @@ def test_model_safetensors_holds_the_best_validated_weights_and_model_last_the_l
     best, last = (load_file(run_dir / name) for name in (WEIGHTS_FILE, LAST_WEIGHTS_FILE))
     assert best.keys() == last.keys() == validated[0].keys()
     assert all(torch.equal(best[key], value) for key, value in validated[0].items())
-    assert all(torch.equal(last[key], value) for key, value in validated[1].items())
+    assert all(torch.equal(last[key], value) for key, value in validated[-1].items())
     assert not all(torch.equal(best[key], last[key]) for key in best), "two different steps"
     best_step = summary["best"]["step"]
-    assert 0 < best_step < summary["steps"]
+    assert (best_step, summary["steps"], len(validated)) == (2, 6, 3) and summary["early_stopped"]
     with safe_open(run_dir / WEIGHTS_FILE, "pt") as file:
         metadata = file.metadata()
     assert metadata["weights"] == "best" and metadata["monitor"] == "val_loss"
@@ -153,49 +169,6 @@ def test_model_safetensors_holds_the_best_validated_weights_and_model_last_the_l
     markdown = (run_dir / "summary.md").read_text()
     assert f"best weights {run_dir / WEIGHTS_FILE} (step {best_step})" in markdown
     assert f"last weights {run_dir / LAST_WEIGHTS_FILE} (step {summary['steps']})" in markdown
-
-
-def test_a_step_budget_validates_every_val_every_steps_and_at_its_end(config):
-    """`max_steps` ends the run inside its first epoch; it validates every `val_every` steps
-    and at the end, each validation checkpointed (the best exported), and the LR schedule
-    spans the budget: its last step runs at the cosine's end."""
-    settings = {"epochs": 50, "max_steps": 11, "val_every": 4, "warmup_steps": 2}
-    config = dataclasses.replace(config, checkpoint_every=0, log_every=1, **settings)
-    trainer = Trainer(config, init_runtime("cpu"))
-    summary = trainer.fit()
-    run_dir = Path(config.run_dir)
-    assert trainer.state.run_steps == summary["steps"] == 11 and summary["epochs"] < 1
-    assert [record["step"] for record in logged_records(run_dir, "val")] == [4, 8, 11]
-    names = {folder.name for folder in step_folders(run_dir / "checkpoints")}
-    assert {"step-00000004", "step-00000008", "step-00000011"} <= names
-    assert summary["best"]["step"] in (4, 8, 11) and (run_dir / WEIGHTS_FILE).is_file()
-    progress = (10 - 2) / (11 - 2)  # step 11 runs at the factor of 0-based step 10
-    last = config.min_lr_ratio + (1 - config.min_lr_ratio) * (1 + math.cos(math.pi * progress)) / 2
-    lrs = [record["lr"] for record in logged_records(run_dir, "train")]
-    assert lrs[-1] == pytest.approx(config.lr * last)
-    assert json.loads((run_dir / "summary.json").read_text())["epochs"] == summary["epochs"]
-
-
-def test_early_stopping_counts_validations(config, monkeypatch):
-    config = dataclasses.replace(config, epochs=50, val_every=2, early_stop_patience=2)
-
-    def evaluate(engine, loader, max_batches, between_batches):  # better once, then worse
-        calls.append(1)
-        return dict.fromkeys(METRICS, 0.5) | {"val_loss": abs(len(calls) - 2) + 1.0}
-
-    calls = []
-    monkeypatch.setattr("cpu_single_fp32.train.evaluate", evaluate)
-    summary = Trainer(dataclasses.replace(config, monitor="val_loss"), init_runtime("cpu")).fit()
-    assert summary["early_stopped"] and summary["steps"] == 8 and len(calls) == 4
-    assert summary["best"]["step"] == 4
-
-
-def test_the_summary_json_holds_no_nan(config):
-    """Before a validation nothing is known of the metrics: JSON has no NaN, so null."""
-    summary = Trainer(dataclasses.replace(config, stop_after_steps=2), init_runtime("cpu")).fit()
-    text = (Path(summary["run_dir"]) / "summary.json").read_text()
-    written = json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in summary.json"))
-    assert written["best"]["value"] is None and all(written[name] is None for name in METRICS)
 
 
 def test_a_resume_with_nothing_left_keeps_the_runs_summary(config):

@@ -5,12 +5,15 @@ streams of a resume on another number of processes."""
 from __future__ import annotations
 
 import dataclasses
+import errno
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
+from cuda_zero3_offload_fp32 import checkpoint as checkpoint_module
 from cuda_zero3_offload_fp32.checkpoint import (
     COMPLETE_MARKER,
     TRAINER_FILE,
@@ -22,7 +25,7 @@ from cuda_zero3_offload_fp32.config import Config
 from cuda_zero3_offload_fp32.progress import TrainState
 from cuda_zero3_offload_fp32.resume import derived_seed, split_global_batch
 from cuda_zero3_offload_fp32.runtime import init_runtime
-from cuda_zero3_offload_fp32.state_io import atomic_save
+from cuda_zero3_offload_fp32.state_io import atomic_save, full_disk_exits
 from cuda_zero3_offload_fp32.train import Trainer
 
 from conftest import config_for_tests, exported_weights
@@ -145,3 +148,33 @@ def test_derived_seeds_differ_per_rank_and_step_and_fit_numpy():
     seeds = {derived_seed(1337, step, rank) for step in (0, 40) for rank in range(4)}
     assert len(seeds) == 8 and all(0 <= seed < 2**32 for seed in seeds)
     assert derived_seed(1337, 40, 1) == derived_seed(1337, 40, 1)
+
+
+def test_a_full_disk_at_a_save_ends_the_run_in_one_line_and_keeps_the_checkpoint_before(
+    config, monkeypatch
+):
+    """The disk fills while step 4's checkpoint is written: its partial folder goes, step 2
+    stays the latest, and the error says where, how much a checkpoint takes and what to free;
+    the entry point prints it as one line (a background save's error surfaces at the wait)."""
+    config = dataclasses.replace(config, epochs=1, checkpoint_every=2, stop_after_steps=6)
+    saves, save = [], checkpoint_module.atomic_save
+
+    def fills_up(state, path):
+        saves.append(path)
+        if len(saves) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        save(state, path)
+
+    monkeypatch.setattr(checkpoint_module, "atomic_save", fills_up)
+    message = r"no space left on device writing checkpoint step-00000004 in .* MiB free, and a "
+    message += r"checkpoint of this run takes .*keep_last .*step-00000002 is still the latest"
+    with pytest.raises(OSError, match=message) as full:
+        Trainer(config, init_runtime("cpu")).fit()
+    directory = Path(config.run_dir) / "checkpoints"
+    assert find_latest(directory).folder.name == "step-00000002"
+    assert not list(directory.glob(".*")), "no partial folder left"
+    one_line = r"^error: no space left on device writing[^\n]*$"
+    with pytest.raises(SystemExit, match=one_line), full_disk_exits():
+        raise full.value
+    with pytest.raises(PermissionError), full_disk_exits():
+        raise PermissionError(errno.EACCES, "another error: a traceback, as any")

@@ -5,12 +5,7 @@ and task.py: `config.Config` takes every field here, and configs/train.toml sets
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, ClassVar
-
-# How a task's data changed since a checkpoint, in words, and why a run may not go on with it
-# (None: it may): `TaskConfig.task_data_change`.
-DataChange = tuple[str, str | None]
+from typing import ClassVar
 
 
 @dataclass(frozen=True)
@@ -30,20 +25,6 @@ class TaskConfig:
     early_stop_patience: int = 5
     # data settings a resume must keep (resume.py): they fix what the checkpoint trained on
     task_resume_keys: ClassVar[tuple[str, ...]] = ("val_fraction",)
-
-    def task_max_steps(self, samples_per_step: int) -> int:
-        """The task's own limit on the optimizer steps of a run of `samples_per_step` images a
-        step, besides `epochs` and `max_steps`: none (0)."""
-        return 0
-
-    def task_data_change(self, saved: dict[str, Any], run_dir: str) -> DataChange | None:
-        """How the data differs from what a checkpoint trained on: never (None), since the
-        digits ship with scikit-learn; its settings are `task_resume_keys`."""
-        return None
-
-    def task_run_files(self) -> dict[str, Path]:
-        """Files a run keeps in its folder: none, the digits ship with scikit-learn."""
-        return {}
 
     def task_problems(self) -> list[str]:
         """Every task setting outside its range, one message per key (empty when all are

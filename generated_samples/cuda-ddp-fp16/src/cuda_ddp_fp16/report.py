@@ -174,7 +174,8 @@ class MetricsFile:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         config_json = json.dumps(self.config.to_dict(), indent=2)
         (self.path.parent / "config.json").write_text(config_json, encoding="utf-8")
-        for name, source in self.config.task_run_files().items():
+        task_run_files = getattr(self.config, "task_run_files", dict)  # an optional hook
+        for name, source in task_run_files().items():
             atomic_write(self.path.parent / name, functools.partial(shutil.copyfile, source))
         keep_records_up_to(self.path, step)
         self.trackers = open_trackers(self.config, first_step=step + 1)

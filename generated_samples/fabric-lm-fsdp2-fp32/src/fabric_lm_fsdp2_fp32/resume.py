@@ -313,13 +313,14 @@ def check_resumable(checkpoint: Checkpoint, config: Config, world_size: int) -> 
 
 def data_change(checkpoint: Checkpoint, config: Config) -> str | None:
     """How the task's data differs from what `checkpoint` trained on, in words (None: it does
-    not), where the run may continue on it: `allow_data_change`, and data the task can
-    continue on (`task_data_change`).
+    not, or the task has no `task_data_change` hook to tell), where the run may continue on
+    it: `allow_data_change`, and data the task can continue on.
 
     Raises:
         ValueError: the data changed, and the config or the task refuses to go on with it.
     """
-    change = config.task_data_change(checkpoint.state["config"], config.run_dir)
+    hook = getattr(config, "task_data_change", None)  # an optional hook of the task's
+    change = hook(checkpoint.state["config"], config.run_dir) if hook else None
     if change is None:
         return None
     description, refusal = change

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import errno
 import fcntl
 import functools
 import hashlib
@@ -66,8 +65,8 @@ from .corpus import (
 )
 from .documents import check_encoding
 from .prepare_jobs import Job, Settings, Workers, encode_job, make_jobs, part_file, train_bpe
-from .sources import Sources, find_sources, source_kind
-from .state_io import atomic_write_text
+from .sources import Sources, compression, find_sources, source_kind
+from .state_io import FULL_DISK, atomic_write_text
 from .survey import NAMED, Survey, survey_source
 
 DOCUMENT_BYTES = 1 << 20  # a text file is cut into documents of about this, at line breaks
@@ -141,6 +140,7 @@ def prepare(
     options.check()
     sources = find_sources(patterns)
     budgets = read_budgets(sources.files, options.max_bytes)
+    named = options.tokenizer not in ("bytes", "bpe")  # a tokenizer.json: its content counts
     request = {
         "format": FORMAT,
         "sources": [
@@ -148,23 +148,20 @@ def prepare(
             for path, _ in budgets
         ],
         **dataclasses.asdict(options),
-        "tokenizer_sha256": None
-        if options.tokenizer in ("bytes", "bpe")
-        else file_sha256(Path(options.tokenizer)),
+        "tokenizer_sha256": file_sha256(Path(options.tokenizer)) if named else None,
     }
     existing = up_to_date(out, request)
     if existing is not None:
         say(f"{out} is up to date with its sources and settings")
         return existing
     out.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_scratch(out)
     try:
         with scratch_folder(out) as scratch, Workers(workers) as pool:
             phases = Phases(sources, options, scratch, pool, progress, say)
             manifest = phases.write_corpus(budgets, request)
             replace_folder(scratch, out)
     except OSError as error:
-        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+        if error.errno not in FULL_DISK:
             raise
         raise ValueError(disk_full(out, budgets)) from None
     return manifest
@@ -181,7 +178,7 @@ def read_budgets(sources: tuple[Path, ...], max_bytes: int | None) -> list[tuple
         if left <= 0:
             break
         size = path.stat().st_size
-        cuttable = source_kind(path) == "text" and path.suffix.lower() not in (".gz", ".zst")
+        cuttable = source_kind(path) == "text" and not compression(path)
         budgets.append((path, left if cuttable and size > left else None))
         left -= size
     return budgets
@@ -211,37 +208,55 @@ def disk_full(out: Path, budgets: list[tuple[Path, int | None]]) -> str:
 @contextlib.contextmanager
 def scratch_folder(out: Path) -> Iterator[Path]:
     """A hidden temporary folder beside `out` (`.<name>.partial-*`), locked while this process
-    uses it (`remove_stale_scratch` tells it from one an interrupted prepare left) and removed
-    on the way out, whatever happens."""
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    scratch.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the corpus from other users
-    descriptor = os.open(scratch, os.O_RDONLY)
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX)
-        yield scratch
-    finally:
-        os.close(descriptor)
-        shutil.rmtree(scratch, ignore_errors=True)
+    uses it (`remove_stale_scratch` tells it from one an interrupted prepare left, and removes
+    those first) and removed on the way out, whatever happens. Setting it up holds a lock on
+    the parent folder: every rank of a first run may prepare the same corpus at once."""
+    with contextlib.ExitStack() as stack:
+        with locked(out.parent, wait=True):
+            remove_stale_scratch(out)
+            scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+            umask = os.umask(0)
+            os.umask(umask)
+            scratch.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the corpus from others
+            stack.enter_context(locked(scratch, wait=True))
+        try:
+            yield scratch
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def remove_stale_scratch(out: Path) -> list[Path]:
     """Remove the temporary folders of `out` that no live prepare holds (what a killed or
-    interrupted one left); return them."""
+    interrupted one left); return them. One whose lock cannot be tested (a file system
+    without locks) is kept."""
     removed = []
     for folder in out.parent.glob(f".{out.name}.partial-*"):
-        with contextlib.suppress(OSError):
-            descriptor = os.open(folder, os.O_RDONLY)
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # another prepare is writing it
-            finally:
-                os.close(descriptor)
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder)
+        with locked(folder, wait=False) as free:
+            if free:
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(folder)
     return removed
+
+
+@contextlib.contextmanager
+def locked(folder: Path, wait: bool) -> Iterator[bool]:
+    """Hold an exclusive `flock` on `folder` inside; yields whether it is held: False where
+    another process holds it (and not `wait`), where the folder is gone, or where its file
+    system cannot lock."""
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:
+        yield False
+        return
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        held = True
+    except OSError:  # BlockingIOError: another holds it; others: no locks here
+        held = False
+    try:
+        yield held
+    finally:
+        os.close(descriptor)  # drops the lock
 
 
 class Phases:

@@ -27,7 +27,12 @@ class Config(TaskConfig):
     (one step = `grad_accum_steps` micro-batches of `micro_batch_size` samples per process);
     `val_batches` counts micro-batches per process; `lr` is the peak learning rate.
     The run's length is the first reached of `epochs`, `max_steps` (> 0) and the task's own
-    budget (`task_max_steps`); the LR schedule spans it (`run_steps`).
+    budget (`step_budget`); the LR schedule spans it (`run_steps`). A TaskConfig may define
+    three hooks, which a task without them does without: `task_max_steps(samples_per_step)`
+    (its budget in optimizer steps, 0 for none), `task_data_change(saved_config, run_dir)`
+    (how its data differs from a checkpoint's, in words, and why a run may not go on with it;
+    None when it does not: resume.py) and `task_run_files()` (files a run keeps in its
+    folder, by name: report.py).
     `tensorboard`, `logger`, `plot` and `profile_steps` choose what a run writes besides
     metrics.jsonl and its checkpoints (see report.py and summary.py).
     `activation_checkpointing` recomputes each of the model's shard units in backward instead
@@ -120,9 +125,10 @@ class Config(TaskConfig):
 
     def step_budget(self, world_size: int) -> int:
         """Optimizer steps the run may take besides its `epochs` (0: no other limit): the
-        least of `max_steps` and the task's own budget at this world size's global batch
-        (`task_max_steps`)."""
-        task_steps = self.task_max_steps(self.global_batch_size(world_size))
+        least of `max_steps` and the task's own budget at this world size's global batch,
+        where its TaskConfig has `task_max_steps` (a hook tasks may define)."""
+        task_max_steps = getattr(self, "task_max_steps", lambda samples_per_step: 0)
+        task_steps = task_max_steps(self.global_batch_size(world_size))
         return min((n for n in (self.max_steps, task_steps) if n > 0), default=0)
 
     def run_steps(self, steps_per_epoch: int, world_size: int) -> int:
