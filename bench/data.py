@@ -67,7 +67,7 @@ def train_tokenizer(project: Path, folder: Path, out: Path) -> float:
     from lm.survey import survey_source
 
     sources = find_sources([str(folder)]).files
-    surveys = [survey_source(path, "text", DOCUMENT_BYTES, "utf-8", None) for path in sources]
+    surveys = [survey_source(path, "text", DOCUMENT_BYTES, "utf-8", None, 0.1) for path in sources]
     start = time.perf_counter()
     train_bpe(surveys, "text", DOCUMENT_BYTES, 8192, 16 * 10**6, out, False)
     return time.perf_counter() - start
@@ -92,7 +92,7 @@ def prepare_table(project: Path, megabytes: int, scratch: Path) -> str:
     start = time.perf_counter()
     batch, size_of_batch, tokens = [], 0, 0
     for path in find_sources([str(folder)]).files:
-        surveyed = survey_source(path, "text", DOCUMENT_BYTES, "utf-8", None)
+        surveyed = survey_source(path, "text", DOCUMENT_BYTES, "utf-8", None, 0.1)
         for span in surveyed.spans:
             for piece in read_pieces(path, "text", surveyed.layout, span, "text", DOCUMENT_BYTES):
                 if isinstance(piece, Piece):

@@ -137,9 +137,10 @@ def test_model_safetensors_holds_the_best_validated_weights_and_model_last_the_l
 ):
     """Shipped weights are the best checkpoint's, not whatever the run ended on; the final
     step's are beside them, and the summary names which is which. The validations, every 2
-    steps, are stand-ins whose results worsen: early stopping, counted in validations, ends
-    the run at the third."""
+    steps, are stand-ins whose results worsen: early stopping, counted in validations after
+    the warmup, ends the run at the fourth."""
     settings = {"epochs": 50, "val_every": 2, "early_stop_patience": 2, "monitor": "val_loss"}
+    settings["warmup_steps"] = 4  # step 4's validation, in the warmup, counts for nothing
     config, validated = dataclasses.replace(config, **settings), []
 
     def evaluate(engine, loader, max_batches, between_batches):  # the first one is the best
@@ -155,7 +156,7 @@ def test_model_safetensors_holds_the_best_validated_weights_and_model_last_the_l
     assert all(torch.equal(last[key], value) for key, value in validated[-1].items())
     assert not all(torch.equal(best[key], last[key]) for key in best), "two different steps"
     best_step = summary["best"]["step"]
-    assert (best_step, summary["steps"], len(validated)) == (2, 6, 3) and summary["early_stopped"]
+    assert (best_step, summary["steps"], len(validated)) == (2, 8, 4) and summary["early_stopped"]
     with safe_open(run_dir / WEIGHTS_FILE, "pt") as file:
         metadata = file.metadata()
     assert metadata["weights"] == "best" and metadata["monitor"] == "val_loss"

@@ -113,8 +113,8 @@ def test_the_shards_hold_every_document_once_each_followed_by_end_of_text(prepar
 def test_a_rerun_does_nothing_and_the_corpus_identity_is_its_content(prepared, sources, tmp_path):
     out, manifest = prepared
     written = (out / MANIFEST).stat().st_mtime_ns
-    assert prepare([str(sources)], out, SMALL) == manifest
-    assert (out / MANIFEST).stat().st_mtime_ns == written, "nothing rewritten"
+    again = prepare([str(sources)], out, document_bytes=512, shard_tokens=4000)  # as SMALL
+    assert again == manifest and (out / MANIFEST).stat().st_mtime_ns == written, "no rewrite"
     copy = tmp_path / "sources"
     copy.mkdir()
     (copy / "a.txt").write_text("".join(LINES))
@@ -151,7 +151,8 @@ def test_worker_processes_one_process_and_many_small_jobs_write_the_same_corpus(
     two = prepare([str(sources)], tmp_path / "two", SMALL, workers=2)
     monkeypatch.setattr(survey, "JOB_BYTES", 1000)
     monkeypatch.setattr(prepare_jobs, "JOB_BYTES", 1000)
-    assert len(survey.survey_source(sources / "a.txt", "text", 512, "utf-8", None).spans) > 5
+    surveyed = survey.survey_source(sources / "a.txt", "text", 512, "utf-8", None, 0.1)
+    assert len(surveyed.spans) > 5
     jobs = prepare([str(sources)], tmp_path / "jobs", SMALL)
     assert one.shards == two.shards == jobs.shards and one.documents == jobs.documents
 
@@ -183,8 +184,10 @@ def test_a_document_of_any_size_is_read_in_bounded_pieces_with_the_whole_documen
 
 
 def test_text_that_is_not_utf8_is_refused_by_name_or_left_out_and_counted(tmp_path, capsys):
+    """Text that is not valid UTF-8 is refused by name, or left out and counted; --encoding
+    reads the files that are not valid UTF-8 in another encoding, and only those."""
     good = tmp_path / "good.txt"
-    good.write_text("".join(LINES))
+    good.write_text("".join(LINES) + "un résumé en UTF-8\n")
     bad = {
         "latin1.txt": ("Café au lait\n" * 20).encode("latin-1"),
         "utf16.txt": ("Héllo\n" * 20).encode("utf-16"),
@@ -209,6 +212,13 @@ def test_text_that_is_not_utf8_is_refused_by_name_or_left_out_and_counted(tmp_pa
     manifest = read_manifest(out, HINT)
     assert sorted(Path(path).name for path in manifest.skipped["files"]) == sorted(bad)
     assert "\ufffd" not in corpus_text(out) and "\0" not in corpus_text(out)
+    mixed = tmp_path / "mixed"
+    options = ["--encoding", "latin-1", "--document-bytes", "64", "--val-fraction", "0.5"]
+    main([str(good), str(tmp_path / "latin1.txt"), "--out", str(mixed), *options])
+    text = corpus_text(mixed)
+    assert "un résumé en UTF-8" in text and "Café au lait" in text and "Ã" not in text
+    encodings = {Path(s["path"]).name: s["encoding"] for s in read_manifest(mixed, HINT).sources}
+    assert encodings == {"good.txt": "utf-8", "latin1.txt": "iso8859-1"}
     for name, encoding, text in (
         ("latin1", "latin-1", "Café au lait\n"),
         ("utf16", "utf-16", "Héllo\n"),
@@ -297,7 +307,11 @@ def test_an_interrupted_or_killed_prepare_ends_its_workers_at_once(tmp_path):
             assert not list(tmp_path.glob(".corpus.partial-*")), "SIGTERM cleans up"
         process.stderr.close()
     assert list(tmp_path.glob(".corpus.partial-*")), "SIGKILL leaves its folder"
-    assert len(remove_stale_scratch(out)) == 1 and not list(tmp_path.glob(".corpus.partial-*"))
+    again = prepare(
+        [str(source)], out, Options(max_bytes=10_000, document_bytes=1000, val_fraction=0.5)
+    )
+    assert again == before and not list(tmp_path.glob(".corpus.partial-*")), "the next removes it"
+    assert remove_stale_scratch(out) == []
 
 
 def group_alive(group: int) -> bool:
@@ -388,9 +402,10 @@ def test_the_command_line_prints_each_phase_and_the_counts(sources, tmp_path, ca
     )
     printed = capsys.readouterr()
     assert f"{out}: " in printed.out and (out / MANIFEST).is_file()
+    vocabulary = read_manifest(out, HINT).vocab_size
     for phase in (
-        "surveyed 1 source file(s)",
-        "trained a byte-level BPE of 300 tokens",
+        "surveyed 1 source file, ",
+        f"trained a byte-level BPE of {vocabulary:,} tokens",
         "encoded",
         "wrote",
     ):
@@ -415,9 +430,8 @@ def test_the_command_line_prints_each_phase_and_the_counts(sources, tmp_path, ca
 )
 def test_bad_sources_are_refused_in_one_line_with_nothing_written(tmp_path, make, message):
     with pytest.raises(ValueError, match=message) as refused:
-        prepare(make(tmp_path), tmp_path / "out", Options(val_fraction=1e-6))
-    assert "\n" not in str(refused.value) and not (tmp_path / "out").exists()
-    assert not list(tmp_path.glob(".out.*")), "no partial folder left"
+        prepare(make(tmp_path), tmp_path / "new" / "out", Options(val_fraction=1e-6))
+    assert "\n" not in str(refused.value) and not (tmp_path / "new").exists(), "no folder left"
 
 
 def folder_of_csv(root: Path) -> Path:
@@ -493,6 +507,12 @@ def test_generate_continues_a_prompt_with_a_runs_weights_and_refuses_a_missing_r
     assert len(sampled) > 1, "the seed draws the samples"
     with pytest.raises(SystemExit, match="config.json not found; train first"):
         generate_main(["x", "--run-dir", str(tmp_path / "none")])
+    stopped = tmp_path / "stopped"  # a run a stop signal ended before it exported weights
+    (stopped / "checkpoints").mkdir(parents=True)
+    (stopped / "checkpoints" / "last").write_text("step-00000002\n")
+    (stopped / "config.json").write_text(json.dumps(config.to_dict()))
+    with pytest.raises(SystemExit, match="exports its weights when it ends .*--resume"):
+        generate_main(["x", "--run-dir", str(stopped)])
     with pytest.raises(SystemExit, match="prompt is empty"):
         generate_main(["", "--run-dir", str(run_dir)])
     weights = build_model(config).state_dict()
@@ -535,8 +555,13 @@ def test_a_resume_follows_the_corpus_content_and_goes_on_with_changed_data_when_
     assert resumed.scheduler.lr_lambdas[0].total_steps == summary["steps"]
     assert "data changed at step 5" in (tmp_path / "run" / "summary.md").read_text()
     prepare([str(text)], corpus, dataclasses.replace(SMALL, tokenizer="bpe", vocab_size=257))
-    with pytest.raises(ValueError, match="another tokenizer"):
-        Trainer(dataclasses.replace(run, allow_data_change=True), init_runtime("cpu"), True)
+    retokenized = (
+        r"another tokenizer\), and the run cannot go on .*--tokenizer bytes, the run's own"
+    )
+    for allowed in (False, True):  # the flag would not help: the message says what would
+        with pytest.raises(ValueError, match=retokenized) as refused:
+            Trainer(dataclasses.replace(run, allow_data_change=allowed), init_runtime("cpu"), True)
+        assert "--allow-data-change" not in str(refused.value)
     shutil.rmtree(corpus)
     args = ["def", "--run-dir", str(tmp_path / "run"), "--max-new-tokens", "3", "--device", "cpu"]
     assert generate_main(args).startswith("def"), "the run's own tokenizer"
@@ -593,6 +618,17 @@ def test_prepare_refuses_bad_options_and_a_bad_tokenizer_and_skips_hidden_files(
     bad.write_text("{}")
     with pytest.raises(SystemExit, match=f"{bad} is not a tokenizer.json"):
         main([str(sources), *out, "--tokenizer", str(bad)])
+    unused = {
+        "--vocab-size": "sets a BPE that prepare trains, and the tokenizer is bytes",
+        "--tokenizer-sample-bytes": "sets a BPE that prepare trains",
+        "--eot": "names the end-of-text token of a tokenizer.json",
+    }
+    for option, refusal in unused.items():
+        with pytest.raises(SystemExit, match=refusal):
+            main([str(sources), *out, "--tokenizer", "bytes", option, "512"])
+    with pytest.raises(SystemExit) as abbreviated:  # no flag abbreviations: a typo is refused
+        main([str(sources), *out, "--skip-bad-file"])
+    assert abbreviated.value.code == 2
     assert not (tmp_path / "out").exists()
     folder = tmp_path / "repo"
     (folder / ".git").mkdir(parents=True)

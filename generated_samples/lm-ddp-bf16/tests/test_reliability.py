@@ -245,15 +245,18 @@ def test_a_foreign_checkpoint_is_refused_in_one_line_saying_what_differs(
 
 def test_every_config_problem_is_listed_in_one_error():
     overrides = ["lr=-1", "grad_accum_steps=0", "epochs=many", "learning_rate=1", "dropout"]
+    overrides += ["val_evry=5", "val_every=-1"]
     with pytest.raises(ValueError) as refused:
         load_config(None, overrides)
     message = str(refused.value)
-    assert message.startswith("5 config problems") and "\n" not in message
+    assert message.startswith("7 config problems") and "\n" not in message
     for problem in [
         "lr must be > 0",
         "grad_accum_steps must be > 0",
         "'epochs' needs a whole number",
         "unknown config key 'learning_rate'",
+        "unknown config key 'val_evry' in the command line (did you mean val_every?)",
+        "val_every must be >= 0",
         "'dropout' is not key=value",
     ]:
         assert problem in message

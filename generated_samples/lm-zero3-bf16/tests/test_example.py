@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import warnings
 from pathlib import Path
 
@@ -66,8 +65,9 @@ def test_max_tokens_is_the_runs_length_in_whole_optimizer_steps(config):
     the steps that train `max_tokens` at each world size's global batch."""
     config = dataclasses.replace(config, max_tokens=10_000, epochs=50)
     tokens_per_step = config.global_batch_size(1) * config.block_size
-    assert config.step_budget(1) == math.ceil(10_000 / tokens_per_step)
-    assert config.step_budget(2) == math.ceil(10_000 / (2 * tokens_per_step)), "per global batch"
+    assert config.step_budget(1) == 10_000 // tokens_per_step, "at most max_tokens"
+    assert config.step_budget(2) == 10_000 // (2 * tokens_per_step), "per global batch"
+    assert dataclasses.replace(config, max_tokens=1).step_budget(1) == 1, "one step at least"
     assert dataclasses.replace(config, max_steps=2).step_budget(1) == 2, "the least of both"
     assert config.run_steps(1000, 1) == config.step_budget(1), "sooner than 50 epochs"
     assert dataclasses.replace(config, max_tokens=0).step_budget(1) == 0

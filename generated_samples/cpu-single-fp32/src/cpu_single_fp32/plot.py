@@ -10,12 +10,12 @@ several runs, this command overlays them in one PNG.
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 from pathlib import Path
 from typing import Any
 
+from .config import command_parser
 from .state_io import atomic_write
 
 PLOT_FILE = "loss_curve.png"
@@ -130,7 +130,7 @@ def write_plot(run_dirs: list[Path], out: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> Path:
     """Entry point of `python -m cpu_single_fp32.plot`; returns the PNG written."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_parser(__doc__.splitlines()[0])
     parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
     parser.add_argument(
         "--out",

@@ -13,7 +13,6 @@ folder.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
 import tempfile
@@ -24,7 +23,7 @@ from typing import Any
 
 import torch
 
-from .config import load_config, user_errors
+from .config import command_parser, load_config, user_errors
 from .runtime import init_runtime, shutdown_runtime
 from .train import Trainer, train_step
 
@@ -98,7 +97,7 @@ def describe(figures: dict[str, float]) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     """Entry point; prints `describe` of `measure_headroom` and returns the figures."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_parser(__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/train.toml", help="TOML file of settings")
     parser.add_argument("--batches", type=int, default=200, help="micro-batches read alone")
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps timed")

@@ -324,15 +324,16 @@ def data_change(checkpoint: Checkpoint, config: Config) -> str | None:
     if change is None:
         return None
     description, refusal = change
+    if refusal:
+        raise ValueError(
+            f"cannot resume {checkpoint.folder}: the data changed since ({description}), and "
+            f"the run cannot go on with it: {refusal}; or pass run_dir=NEW"
+        )
     if not config.allow_data_change:
         raise ValueError(
             f"cannot resume {checkpoint.folder}: the data changed since ({description}); put "
             "it back as it was, add --allow-data-change to continue on it from a new epoch "
             "with the checkpoint's weights and optimizer, or pass run_dir=NEW"
-        )
-    if refusal:
-        raise ValueError(
-            f"cannot continue {checkpoint.folder} on this data ({description}): {refusal}"
         )
     return description
 

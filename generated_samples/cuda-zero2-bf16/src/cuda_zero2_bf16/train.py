@@ -110,7 +110,7 @@ class Trainer:
         """Validate the current step on every rank, record it and checkpoint it."""
         state, between = self.state, self.checkpointer.stop_on_signal
         metrics = evaluate(self.engine, self.val_loader, self.config.val_batches, between)
-        improved = state.record_validation(metrics, self.config.monitor)
+        improved = state.record_validation(metrics, self.config)
         self.log.write("val", step=state.step, epoch=state.epochs_done(), **metrics)
         self.checkpointer.validation_done(improved)
 

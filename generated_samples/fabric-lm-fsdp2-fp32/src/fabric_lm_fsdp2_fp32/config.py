@@ -6,8 +6,10 @@ import argparse
 import contextlib
 import dataclasses
 import decimal
+import difflib
 import math
 import re
+import sys
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -210,7 +212,7 @@ def parse_command_line(argv: list[str] | None, description: str) -> tuple[Config
 def command_line_parser(description: str) -> argparse.ArgumentParser:
     """The parser of a training command line (see `parse_command_line`), for entry points
     that take the same settings and add flags of their own."""
-    parser = argparse.ArgumentParser(description=description)
+    parser = command_parser(description)
     parser.add_argument("--config", default="configs/train.toml", help="TOML file of settings")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     parser.add_argument(
@@ -225,6 +227,15 @@ def command_line_parser(description: str) -> argparse.ArgumentParser:
     )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. lr=1e-3 epochs=5")
     return parser
+
+
+def command_parser(description: str) -> argparse.ArgumentParser:
+    """The argument parser of one of the project's commands: named as it runs (`python -m
+    <package>.<command>`, not its file's name) and taking no abbreviated flag (`--res` is no
+    `--resume`: a typo does not resume a run)."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    program = f"python -m {spec.name}" if spec is not None else None
+    return argparse.ArgumentParser(prog=program, description=description, allow_abbrev=False)
 
 
 def config_from_arguments(args: argparse.Namespace) -> Config:
@@ -286,7 +297,9 @@ def _known_keys(values: dict[str, Any], source: str, problems: list[str]) -> dic
     known = [field.name for field in dataclasses.fields(Config)]
     for key in values:
         if key not in known:
-            problems.append(f"unknown config key {key!r} in {source} (known: {', '.join(known)})")
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean {close[0]}?" if close else f"known: {', '.join(known)}"
+            problems.append(f"unknown config key {key!r} in {source} ({hint})")
     return {key: value for key, value in values.items() if key in known}
 
 

@@ -198,7 +198,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{summary['world_size']} process(es) x {config['grad_accum_steps']} accumulation) | "
         f"**LR:** warmup {config['warmup_steps']} steps, cosine to {config['min_lr_ratio']} x "
         f"{config['lr']:g} | **Steps:** {summary['steps']} in {summary['epochs']:.3g} "
-        f"epoch(s){' (early stop)' if summary['early_stopped'] else ''}",
+        f"epoch(s){_early_stop(summary)}",
         f"**Sanity:** initial loss {summary['initial_loss']:.4f} (expected "
         f"{summary['expected_initial_loss']:.4f}); resumed from: {summary['resumed_from'] or 'no'}"
         f"{_resumes_that_changed(summary)}",
@@ -212,6 +212,18 @@ def format_summary(summary: dict[str, Any]) -> str:
         _files(summary),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _early_stop(summary: dict[str, Any]) -> str:
+    """The Steps line's note of an early stop, e.g. " (early stop: 3 validations after the
+    warmup without a better val_loss)"; "" for a run that did not stop early."""
+    if not summary["early_stopped"]:
+        return ""
+    config = summary["config"]
+    return (
+        f" (early stop: {config['early_stop_patience']} validations after the warmup without "
+        f"a better {config['monitor']})"
+    )
 
 
 def _files(summary: dict[str, Any]) -> str:

@@ -1,7 +1,8 @@
 """The survey of a source, before anything is encoded: whether it reads (text that decodes
-strictly, JSON lines and parquet rows that hold documents), how many documents it holds, its
-bytes' SHA-256, and where jobs may start reading it: `Span`s of about JOB_BYTES, each at a
-document's start, so that one large file is encoded on every core and a job is short.
+strictly, in UTF-8 or else the `--encoding` named; JSON lines and parquet rows that hold
+documents), how many documents it holds and holds out, its bytes' SHA-256, and where jobs may
+start reading it: `Span`s of about JOB_BYTES, each at a document's start, so that one large
+file is encoded on every core and a job is short.
 
 A compressed source cannot be read from the middle: it is one span. A parquet file is cut
 between row groups.
@@ -9,11 +10,21 @@ between row groups.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from .documents import BadRecord, BadSource, Layout, Span, read_pieces, text_layout
+from .documents import (
+    BadRecord,
+    BadSource,
+    Layout,
+    Piece,
+    Span,
+    is_validation,
+    read_pieces,
+    text_layout,
+)
 from .sources import compression, source_kind
 
 JOB_BYTES = 1 << 22  # source bytes of one encoding job, about
@@ -24,10 +35,12 @@ NAMED = 5  # bad records a survey names
 class Survey:
     """What prepare knows of one source before encoding it (see the module docstring).
 
-    `bytes`: what it adds to the corpus's source bytes (its size, or a `max_bytes` budget);
-    `line_breaks`: in a text file, how many it holds (more than documents: a smaller
-    --document-bytes would cut more); `first_bad`: "path:line: reason" of its first NAMED
-    bad records; `problem`: why the whole file cannot be read (then nothing else is known).
+    `layout`: how its text is read (the encoding that decoded it); `bytes`: what it adds to
+    the corpus's source bytes (its size, or a `max_bytes` budget); `documents`, of which
+    `held_out` for validation; `line_breaks`: in a text file, how many it holds (more than
+    documents: a smaller --document-bytes would cut more); `first_bad`: "path:line: reason"
+    of its first NAMED bad records; `problem`: why the whole file cannot be read (then
+    nothing else is known).
     """
 
     path: Path
@@ -37,6 +50,7 @@ class Survey:
     bytes: int
     sha256: str = ""
     documents: int = 0
+    held_out: int = 0
     line_breaks: int = 0
     bad_records: int = 0
     first_bad: tuple[str, ...] = ()
@@ -47,6 +61,33 @@ class Survey:
         if self.kind == "parquet":
             return self.bytes * len(range(span.start, span.end)) // max(1, self.spans[-1].end)
         return (self.bytes if span.end is None else span.end) - span.start
+
+
+@dataclass
+class Count:
+    """What a survey counts as it reads a source's pieces (`Survey`'s fields of the same name)."""
+
+    path: Path
+    val_fraction: float
+    documents: int = 0
+    held_out: int = 0
+    bad_records: int = 0
+    first_bad: list[str] = field(default_factory=list)
+
+    def add(self, item: Piece | BadRecord, where: str) -> None:
+        """Count `item`: a document's last piece, or a bad record (named as `path:where`)."""
+        if isinstance(item, BadRecord):
+            self.bad_records += 1
+            if len(self.first_bad) < NAMED:
+                self.first_bad.append(f"{self.path}:{where}: {item.reason}")
+        elif item.last:
+            self.documents += 1
+            self.held_out += is_validation(self.path, item.number, self.val_fraction)
+
+    def fields(self) -> dict[str, object]:
+        """The counts as Survey's keyword arguments."""
+        names = ("documents", "held_out", "bad_records")
+        return {name: getattr(self, name) for name in names} | {"first_bad": tuple(self.first_bad)}
 
 
 class Tally:
@@ -61,41 +102,71 @@ class Tally:
 
 
 def survey_source(
-    path: Path, text_key: str, document_bytes: int, encoding: str, limit: int | None
+    path: Path,
+    text_key: str,
+    document_bytes: int,
+    encoding: str,
+    limit: int | None,
+    val_fraction: float,
 ) -> Survey:
     """Read `path` once through (its first `limit` bytes, for a text file cut by a
-    `max_bytes` budget) and return its Survey; a file that cannot be read has `problem` set."""
+    `max_bytes` budget) and return its Survey; a file that cannot be read has `problem` set.
+    A text file that is not valid UTF-8 is read again in `encoding`, where that is another."""
     kind = source_kind(path)
     size = path.stat().st_size if limit is None else limit
+    args = (text_key, document_bytes, limit, size, val_fraction)
     try:
         if kind == "parquet":
-            return survey_parquet(path, text_key, size)
-        layout = text_layout(path, encoding if kind == "text" else "utf-8")
-        tally = Tally(layout.newline)
-        whole = Span(layout.start, limit, 0, cut=limit is not None)
-        spans, begun, first = [], layout.start, 0
-        documents, bad, named = 0, 0, []
-        for item in read_pieces(path, kind, layout, whole, text_key, document_bytes, tally):
-            start = item.start
-            if start is not None and start - begun >= JOB_BYTES and not compression(path):
-                spans.append(Span(begun, start, first))
-                begun, first = start, item.number
-            if isinstance(item, BadRecord):
-                bad += 1
-                named += [f"{path}:{item.number + 1}: {item.reason}"][: NAMED - len(named)]
-            elif item.last:
-                documents += 1
-        spans.append(Span(begun, limit, first, cut=limit is not None))
+            return survey_parquet(path, text_key, size, val_fraction)
+        try:
+            return read_through(path, kind, text_layout(path, "utf-8"), *args)
+        except BadSource:
+            if kind != "text" or codecs.lookup(encoding).name == "utf-8":
+                raise
+            return read_through(path, kind, text_layout(path, encoding), *args)
     except BadSource as error:
         return Survey(path, kind, None, (), size, problem=str(error))
+
+
+def read_through(
+    path: Path,
+    kind: str,
+    layout: Layout,
+    text_key: str,
+    document_bytes: int,
+    limit: int | None,
+    size: int,
+    val_fraction: float,
+) -> Survey:
+    """The Survey of a text or JSON-lines source read with `layout` (see `survey_source`).
+
+    Raises:
+        BadSource: its text does not decode, or holds NUL characters.
+    """
+    tally, count = Tally(layout.newline), Count(path, val_fraction)
+    whole = Span(layout.start, limit, 0, cut=limit is not None)
+    spans, begun, first = [], layout.start, 0
+    for item in read_pieces(path, kind, layout, whole, text_key, document_bytes, tally):
+        start = item.start
+        if start is not None and start - begun >= JOB_BYTES and not compression(path):
+            spans.append(Span(begun, start, first))
+            begun, first = start, item.number
+        count.add(item, str(item.number + 1))
+    spans.append(Span(begun, limit, first, cut=limit is not None))
     line_breaks = tally.count if kind == "text" else 0
-    digest = tally.digest.hexdigest()
     return Survey(
-        path, kind, layout, tuple(spans), size, digest, documents, line_breaks, bad, tuple(named)
+        path,
+        kind,
+        layout,
+        tuple(spans),
+        size,
+        tally.digest.hexdigest(),
+        line_breaks=line_breaks,
+        **count.fields(),
     )
 
 
-def survey_parquet(path: Path, text_key: str, size: int) -> Survey:
+def survey_parquet(path: Path, text_key: str, size: int, val_fraction: float) -> Survey:
     """A parquet file's Survey: spans of whole row groups; a null value is a bad record.
 
     Raises:
@@ -131,27 +202,11 @@ def survey_parquet(path: Path, text_key: str, size: int) -> Survey:
         rows += meta.num_rows
         grouped += meta.total_byte_size
     spans.append(Span(begun, table.num_row_groups, first))
-    documents, bad, named = 0, 0, []
-    whole = Span(0, table.num_row_groups, 0)
-    for item in read_pieces(path, "parquet", None, whole, text_key, 0):
-        if isinstance(item, BadRecord):
-            bad += 1
-            named += [f"{path}:row {item.number}: {item.reason}"][: NAMED - len(named)]
-        elif item.last:
-            documents += 1
+    count = Count(path, val_fraction)
+    for item in read_pieces(path, "parquet", None, Span(0, table.num_row_groups, 0), text_key, 0):
+        count.add(item, f"row {item.number}")
     digest = hashlib.sha256()
     with open(path, "rb") as file:
         while chunk := file.read(1 << 24):
             digest.update(chunk)
-    return Survey(
-        path,
-        "parquet",
-        None,
-        tuple(spans),
-        size,
-        digest.hexdigest(),
-        documents,
-        0,
-        bad,
-        tuple(named),
-    )
+    return Survey(path, "parquet", None, tuple(spans), size, digest.hexdigest(), **count.fields())

@@ -5,7 +5,6 @@ and task.py: `config.Config` takes every field here, and configs/train.toml sets
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -62,11 +61,11 @@ class TaskConfig:
         return manifest.fingerprint() if manifest else ""
 
     def task_max_steps(self, sequences_per_step: int) -> int:
-        """The optimizer steps that train `max_tokens` tokens at `sequences_per_step`
-        sequences of `block_size` tokens, rounded up (0: no token budget)."""
+        """The most optimizer steps of `sequences_per_step` sequences of `block_size` tokens
+        that train at most `max_tokens` tokens, and at least one (0: no token budget)."""
         if not self.max_tokens:
             return 0
-        return math.ceil(self.max_tokens / (sequences_per_step * self.block_size))
+        return max(1, self.max_tokens // (sequences_per_step * self.block_size))
 
     def task_data_change(self, saved: dict[str, Any], run_dir: str) -> DataChange | None:
         """How the corpus in `data_dir` differs from the one a checkpoint trained on (`saved`:

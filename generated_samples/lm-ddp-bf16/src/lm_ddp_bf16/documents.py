@@ -15,13 +15,16 @@ are the whole document's.
 
 Decoding is strict. A text file that is not valid in its encoding, or holds NUL characters (a
 binary file, or UTF-16 without a byte-order mark), is a `BadSource`; a JSON line or parquet row
-that holds no document is a `BadRecord`.
+that holds no document is a `BadRecord`. Which documents are held out for validation is
+`is_validation`'s.
 """
 
 from __future__ import annotations
 
 import codecs
+import hashlib
 import json
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -81,6 +84,16 @@ class Span:
     end: int | None
     first: int
     cut: bool = False
+
+
+def is_validation(source: Path, number: int, val_fraction: float) -> bool:
+    """Whether document `number` of `source` is held out: evenly spaced within each source
+    (every 1 / val_fraction-th document), at a phase drawn from a hash of its path, so that the
+    split depends on neither the order in which workers finish nor the other sources."""
+    digest = hashlib.blake2b(source.as_posix().encode(), digest_size=8).digest()
+    phase = int.from_bytes(digest, "little") / 2**64
+    before, after = (math.floor(n * val_fraction + phase) for n in (number, number + 1))
+    return after > before
 
 
 def text_layout(path: Path, encoding: str) -> Layout:
@@ -242,8 +255,9 @@ class TextReader:
         except UnicodeDecodeError as error:
             raise BadSource(
                 f"{self.path} is not valid {self.layout.encoding} (near byte "
-                f"{position + max(0, error.start):,}: {error.reason}); name its encoding with "
-                "--encoding (e.g. latin-1), or leave it out with --skip-bad-files"
+                f"{position + max(0, error.start):,}: {error.reason}); name the encoding of "
+                "files that are not UTF-8 with --encoding (e.g. latin-1), or leave it out with "
+                "--skip-bad-files"
             ) from None
         if "\0" in text:
             raise BadSource(

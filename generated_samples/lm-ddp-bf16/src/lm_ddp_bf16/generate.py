@@ -10,7 +10,6 @@ Stops after `--max-new-tokens` or at end-of-text.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 from pathlib import Path
@@ -20,7 +19,7 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from .checkpoint import WEIGHTS_FILE
-from .config import Config, load_config, user_errors
+from .config import Config, command_parser, load_config, user_errors
 from .corpus import MANIFEST, RUN_MANIFEST, Codec, manifest_at, read_manifest
 from .model import build_model
 
@@ -73,6 +72,12 @@ def load_trained(run_dir: Path, weights: str, device: torch.device) -> tuple[nn.
     if not weights_file.is_file():
         others = sorted(path.name for path in run_dir.glob("*.safetensors"))
         hint = f"--weights {others[0]}" if others else "train first"
+        if not others and (run_dir / "checkpoints" / "last").is_file():
+            hint = (
+                "the run has checkpoints, and exports its weights when it ends (not when a "
+                "stop signal ends it): --resume it to its end, or to the next step with "
+                "stop_after_steps"
+            )
         raise ValueError(f"{weights_file} not found; {hint}")
     saved = json.loads(config_file.read_text(encoding="utf-8"))
     fields = {field.name for field in dataclasses.fields(Config)}
@@ -116,7 +121,7 @@ def run_codec(run_dir: Path, config: Config) -> Codec:
 
 def main(argv: list[str] | None = None) -> str:
     """Entry point; prints the prompt and its continuation, and returns them."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_parser(__doc__.splitlines()[0])
     parser.add_argument("prompt", help="the text to continue")
     parser.add_argument("--run-dir", help="the trained run (default: configs/train.toml's)")
     parser.add_argument("--weights", default=WEIGHTS_FILE, help="a weights file of the run")

@@ -11,10 +11,10 @@ token per byte), `bpe` (a byte-level BPE of `--vocab-size` tokens trained on the
 the end-of-text token; a fixed `--val-fraction` of whole documents is held out for validation
 (evenly spaced within each source, at a phase drawn from a hash of its path).
 
-Nothing is decoded loosely: a text file that is not valid in its `--encoding` (UTF-8 unless
-named) or holds NUL characters is refused by name, and so is a JSON line or parquet row that
-holds no text, before anything is encoded; `--skip-bad-files` and `--skip-bad-records` leave
-them out instead, counted in the output and the manifest.
+Nothing is decoded loosely: a text file that is not valid UTF-8 (nor in `--encoding`, where
+one is named for such files) or holds NUL characters is refused by name, and so is a JSON line
+or parquet row that holds no text, before anything is encoded; `--skip-bad-files` and
+`--skip-bad-records` leave them out instead, counted in the output and the manifest.
 
 It runs in phases, each printed with its time: survey the sources (survey.py: every file read
 once through, in parallel), train the BPE, encode (in `--workers` processes; jobs of a few MiB,
@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from .config import load_config, user_errors
+from .config import Config, command_parser, load_config, user_errors
 from .corpus import (
     CHUNK_BYTES,
     DTYPES,
@@ -77,10 +77,11 @@ class Options:
     """What prepare is asked besides its sources and output (the command line's options):
     the tokenizer ("bytes", "bpe" or a tokenizer.json path), the BPE's `vocab_size` and
     `tokenizer_sample_bytes`, the end-of-text token `eot` of a tokenizer.json, the `text_key`
-    of JSON lines and parquet, the `encoding` of text files, the `val_fraction` of documents
-    held out, the `document_bytes` a text file is cut at, `max_bytes` of sources read (None:
-    all), the `shard_tokens` of a shard, and whether files and records that cannot be read
-    are left out (`skip_bad_files`, `skip_bad_records`) rather than refused."""
+    of JSON lines and parquet, the `encoding` of text files not valid UTF-8, the
+    `val_fraction` of documents held out, the `document_bytes` a text file is cut at,
+    `max_bytes` of sources read (None: all), the `shard_tokens` of a shard, and whether files
+    and records that cannot be read are left out (`skip_bad_files`, `skip_bad_records`)
+    rather than refused."""
 
     tokenizer: str = "bytes"
     vocab_size: int = 8192
@@ -121,14 +122,17 @@ class Options:
 def prepare(
     patterns: list[str],
     out: Path,
-    options: Options = Options(),
+    options: Options | None = None,
     workers: int = 0,
     progress: bool = False,
     log: Callable[[str], None] | None = None,
+    **settings: Any,
 ) -> Manifest:
-    """Prepare the corpus of SOURCES `patterns` in `out` (see the module docstring) in
-    `workers` processes (0: in this one); return its manifest. `progress` shows a bar while it
-    encodes; `log` gets a line per phase.
+    """Prepare the corpus of SOURCES `patterns` in `out` (see the module docstring) with
+    `options` (default `Options()`), any of whose fields `settings` may change (`prepare(...,
+    tokenizer="bpe")`, as callers written before `Options` do), in `workers` processes (0: in
+    this one); return its manifest. `progress` shows a bar while it encodes; `log` gets a line
+    per phase.
 
     Raises:
         ValueError: bad options or sources, a file or record that cannot be read (unless left
@@ -137,6 +141,7 @@ def prepare(
             is left as it was; so it is on KeyboardInterrupt.
     """
     say = log or (lambda line: None)
+    options = dataclasses.replace(options or Options(), **settings)
     options.check()
     sources = find_sources(patterns)
     budgets = read_budgets(sources.files, options.max_bytes)
@@ -152,18 +157,26 @@ def prepare(
     }
     existing = up_to_date(out, request)
     if existing is not None:
+        with locked(out.parent, wait=True):
+            remove_stale_scratch(out)  # what an interrupted prepare left
         say(f"{out} is up to date with its sources and settings")
         return existing
+    made = [folder for folder in (out.parent, *out.parent.parents) if not folder.exists()]
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         with scratch_folder(out) as scratch, Workers(workers) as pool:
             phases = Phases(sources, options, scratch, pool, progress, say)
             manifest = phases.write_corpus(budgets, request)
             replace_folder(scratch, out)
-    except OSError as error:
-        if error.errno not in FULL_DISK:
-            raise
-        raise ValueError(disk_full(out, budgets)) from None
+    except BaseException as error:
+        full = isinstance(error, OSError) and error.errno in FULL_DISK
+        message = disk_full(out, budgets) if full else None
+        for folder in made:  # the folders this call made, the deepest first: left empty
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        if message:
+            raise ValueError(message) from None
+        raise
     return manifest
 
 
@@ -287,7 +300,6 @@ class Phases:
         )
         jobs = make_jobs(surveys)
         totals = self.encode(jobs, settings)
-        check_split(totals, surveys, options)
         started = time.perf_counter()
         shards = {
             split: write_shards(self.scratch, len(jobs), split, dtype, options.shard_tokens)
@@ -305,15 +317,7 @@ class Phases:
             documents={split: totals[f"{split}_documents"] for split in SPLITS},
             source_bytes=sum(survey.bytes for survey in surveys),
             request=request,
-            sources=tuple(
-                {
-                    "path": str(s.path),
-                    "bytes": s.bytes,
-                    "sha256": s.sha256,
-                    "documents": s.documents,
-                }
-                for s in surveys
-            ),
+            sources=tuple(source_record(survey) for survey in surveys),
             skipped={
                 "files": {str(survey.path): survey.problem for survey in left_out},
                 "records": bad_records,
@@ -338,6 +342,7 @@ class Phases:
             text_key=options.text_key,
             document_bytes=options.document_bytes,
             encoding=options.encoding,
+            val_fraction=options.val_fraction,
         )
         chunk = max(1, len(budgets) // 64)
         surveys = list(self.pool.map(survey, budgets, chunk))
@@ -357,11 +362,12 @@ class Phases:
             )
         if not usable:
             raise ValueError(f"no source can be read (all {len(surveys)} left out); name others")
+        check_split(usable, options)
         documents = sum(survey.documents for survey in usable)
         read = sum(survey.bytes for survey in usable)
         line = (
-            f"surveyed {len(usable):,} source file(s), {tqdm.format_sizeof(read, 'B')}, in "
-            f"{time.perf_counter() - started:.1f} s: {documents:,} documents"
+            f"surveyed {plural(len(usable), 'source file')}, {tqdm.format_sizeof(read, 'B')}, "
+            f"in {time.perf_counter() - started:.1f} s: {plural(documents, 'document')}"
         )
         if left_out:
             names = ", ".join(str(survey.path) for survey in left_out[:NAMED])
@@ -393,12 +399,15 @@ class Phases:
             tokenizer_file,
             self.progress,
         )
+        codec = Codec(tokenizer_file)
         sample = min(options.tokenizer_sample_bytes, sum(survey.bytes for survey in surveys))
+        fewer = f" ({options.vocab_size:,} asked: the sample has no more pairs to merge)"
         self.say(
-            f"trained a byte-level BPE of {options.vocab_size:,} tokens on "
+            f"trained a byte-level BPE of {codec.vocab_size:,} tokens"
+            f"{fewer if codec.vocab_size < options.vocab_size else ''} on "
             f"{tqdm.format_sizeof(sample, 'B')} in {time.perf_counter() - started:.1f} s"
         )
-        return Codec(tokenizer_file), tokenizer_file
+        return codec, tokenizer_file
 
     def encode(self, jobs: list[Job], settings: Settings) -> Counter[str]:
         """Encode every job in the workers, with a bar of bytes/s and tokens/s; the summed
@@ -424,12 +433,24 @@ class Phases:
         return totals
 
 
-def survey_budget(
-    budget: tuple[Path, int | None], text_key: str, document_bytes: int, encoding: str
-) -> Survey:
-    """`survey_source` of one (path, bytes to read) pair: what the workers map over."""
+def survey_budget(budget: tuple[Path, int | None], **settings: Any) -> Survey:
+    """`survey_source` of one (path, bytes to read) pair with `settings`: what the workers
+    map over."""
     path, limit = budget
-    return survey_source(path, text_key, document_bytes, encoding, limit)
+    return survey_source(path, limit=limit, **settings)
+
+
+def plural(count: int, noun: str) -> str:
+    """ "1 document", "2,000 documents"."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+def source_record(survey: Survey) -> dict[str, Any]:
+    """A source as the manifest lists it: path, bytes, their SHA-256, documents and, for text,
+    the encoding it was read in."""
+    record = {"path": str(survey.path), "bytes": survey.bytes, "sha256": survey.sha256}
+    record["documents"] = survey.documents
+    return record | ({"encoding": survey.layout.encoding} if survey.kind == "text" else {})
 
 
 def first_bad(surveys: list[Survey]) -> list[str]:
@@ -437,17 +458,18 @@ def first_bad(surveys: list[Survey]) -> list[str]:
     return [name for survey in surveys for name in survey.first_bad][:NAMED]
 
 
-def check_split(totals: Counter[str], surveys: list[Survey], options: Options) -> None:
-    """Refuse a corpus with no document in either split, saying which fix applies.
+def check_split(surveys: list[Survey], options: Options) -> None:
+    """Refuse a corpus with no document in either split (as the survey counted them), saying
+    which fix applies, before anything is encoded.
 
     Raises:
         ValueError: naming --val-fraction, --document-bytes (where a text file's documents
             hold line breaks to cut at) or more text.
     """
-    held_out, trained = totals["val_documents"], totals["train_documents"]
-    if held_out and trained:
+    documents = sum(survey.documents for survey in surveys)
+    held_out = sum(survey.held_out for survey in surveys)
+    if 0 < held_out < documents:
         return
-    documents = held_out + trained
     cuttable = any(
         survey.kind == "text" and survey.line_breaks > survey.documents for survey in surveys
     )
@@ -456,7 +478,7 @@ def check_split(totals: Counter[str], surveys: list[Survey], options: Options) -
         if cuttable
         else "add text"
     )
-    if documents > 1:
+    if documents > 1 and not held_out:
         raising = (
             f"raise it to {1 / documents:.2g} or more, or "
             if 1 / documents > options.val_fraction
@@ -466,8 +488,14 @@ def check_split(totals: Counter[str], surveys: list[Survey], options: Options) -
             f"none of the {documents:,} documents is held out for validation at --val-fraction "
             f"{options.val_fraction:g} (each source holds out its own share): {raising}{more}"
         )
+    if documents > 1:
+        raise ValueError(
+            f"all {documents:,} documents are held out for validation at --val-fraction "
+            f"{options.val_fraction:g}: lower it, or {more}"
+        )
     raise ValueError(
-        f"the sources hold {documents} document, too few to hold one out for validation; {more}"
+        f"the sources hold {plural(documents, 'document')}, too few to hold one out for "
+        f"validation; {more}"
     )
 
 
@@ -543,7 +571,7 @@ class Stopped(KeyboardInterrupt):
 
 def main(argv: list[str] | None = None) -> Manifest:
     """Entry point; prints a line per phase, then where the corpus is and its token counts."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_parser(__doc__.splitlines()[0])
     parser.add_argument("sources", nargs="+", metavar="SOURCES", help="files, folders or globs")
     parser.add_argument("--config", default="configs/train.toml", help="defaults of the options")
     parser.add_argument("--out", help="the corpus folder (default: the config's data_dir)")
@@ -552,7 +580,9 @@ def main(argv: list[str] | None = None) -> Manifest:
         "--vocab-size", type=int, help="tokens of a trained bpe (default: the model's, or 8192)"
     )
     parser.add_argument("--text-key", default="text", help="the text field of jsonl and parquet")
-    parser.add_argument("--encoding", default="utf-8", help="of text files (e.g. latin-1, utf-16)")
+    parser.add_argument(
+        "--encoding", default="utf-8", help="of text files not valid UTF-8 (e.g. latin-1, utf-16)"
+    )
     parser.add_argument("--val-fraction", type=float, help="documents held out (config's)")
     parser.add_argument("--max-bytes", type=int, help="read at most this many source bytes")
     parser.add_argument(
@@ -561,9 +591,7 @@ def main(argv: list[str] | None = None) -> Manifest:
     parser.add_argument("--workers", type=int, help="processes that encode (default: CPUs)")
     parser.add_argument("--shard-tokens", type=int, default=1 << 27, help="tokens per shard")
     parser.add_argument("--eot", help="the end-of-text token of a tokenizer.json")
-    parser.add_argument(
-        "--tokenizer-sample-bytes", type=int, default=1 << 27, help="text a bpe is trained on"
-    )
+    parser.add_argument("--tokenizer-sample-bytes", type=int, help="text a bpe is trained on")
     parser.add_argument("--skip-bad-files", action="store_true", help="leave out unreadable files")
     parser.add_argument("--skip-bad-records", action="store_true", help="and records with no text")
     args = parser.parse_args(argv)
@@ -576,10 +604,12 @@ def main(argv: list[str] | None = None) -> Manifest:
         out = Path(args.out or config.data_dir)
         if args.workers is not None and args.workers < 1:
             raise ValueError(f"--workers must be at least 1, got {args.workers}")
+        tokenizer = args.tokenizer or config.tokenizer
+        check_tokenizer_options(args, tokenizer)
         options = Options(
-            tokenizer=args.tokenizer or config.tokenizer,
+            tokenizer=tokenizer,
             vocab_size=vocab_size,
-            tokenizer_sample_bytes=args.tokenizer_sample_bytes,
+            tokenizer_sample_bytes=args.tokenizer_sample_bytes or Options.tokenizer_sample_bytes,
             eot=args.eot,
             text_key=args.text_key,
             encoding=args.encoding,
@@ -611,15 +641,41 @@ def main(argv: list[str] | None = None) -> Manifest:
     share = val / (train + val)
     print(
         f"{out}: {train:,} train and {val:,} validation tokens ({share:.1%}; "
-        f"{manifest.documents['val']} of {sum(manifest.documents.values())} documents), "
-        f"{manifest.tokenizer} tokenizer, {manifest.dtype}, in {seconds:.1f} s"
+        f"{manifest.documents['val']:,} of {plural(sum(manifest.documents.values()), 'document')}"
+        f"), {manifest.tokenizer} tokenizer, {manifest.dtype}, in {seconds:.1f} s"
     )
     print(vocabulary_advice(manifest.vocab_size, NUM_CLASSES, config))
     return manifest
 
 
-def vocabulary_advice(vocab_size: int, num_classes: int, config) -> str:
-    """What the corpus's vocabulary means for the model (NUM_CLASSES in data.py)."""
+def check_tokenizer_options(args: argparse.Namespace, tokenizer: str) -> None:
+    """Refuse an option the tokenizer does not use, rather than ignore it.
+
+    Raises:
+        ValueError: --vocab-size or --tokenizer-sample-bytes for a tokenizer that is not
+            trained (bytes, a tokenizer.json), --eot for one that is no tokenizer.json.
+    """
+    source = "--tokenizer" if args.tokenizer else f"the config's tokenizer ({args.config})"
+    trained = (
+        ("--vocab-size", args.vocab_size),
+        ("--tokenizer-sample-bytes", args.tokenizer_sample_bytes),
+    )
+    for option, value in trained:
+        if value is not None and tokenizer != "bpe":
+            raise ValueError(
+                f"{option} sets a BPE that prepare trains, and the tokenizer is {tokenizer} "
+                f"({source}); add --tokenizer bpe, or leave {option} out"
+            )
+    if args.eot is not None and tokenizer in ("bytes", "bpe"):
+        raise ValueError(
+            f"--eot names the end-of-text token of a tokenizer.json, and the tokenizer is "
+            f"{tokenizer} (its own is used); leave --eot out"
+        )
+
+
+def vocabulary_advice(vocab_size: int, num_classes: int, config: Config) -> str:
+    """What the corpus's vocabulary means for the model (NUM_CLASSES in data.py): where it
+    must grow, and the shape `model_size` then builds (where model.py says: `describe_shape`)."""
     if vocab_size < num_classes:
         return (
             f"the vocabulary has {vocab_size} tokens and the model {num_classes}: it trains as "
@@ -627,11 +683,16 @@ def vocabulary_advice(vocab_size: int, num_classes: int, config) -> str:
         )
     if vocab_size == num_classes:
         return f"the vocabulary has {vocab_size} tokens, as the model (NUM_CLASSES in data.py)"
-    from .model import describe_shape  # here: the model imports data.py, which imports this
-
-    return (
+    advice = (
         f"the vocabulary has {vocab_size} tokens and the model {num_classes}: set NUM_CLASSES = "
-        f"{vocab_size} in data.py to train on it; model_size={config.model_size} then builds "
+        f"{vocab_size} in data.py to train on it"
+    )
+    try:  # here: the model imports data.py, which imports this module
+        from .model import describe_shape
+    except ImportError:  # a model.py of your own
+        return advice
+    return (
+        f"{advice}; model_size={config.model_size} then builds "
         f"{describe_shape(config, vocab_size)} (now {describe_shape(config, num_classes)}): a "
         "larger vocabulary takes parameters from the blocks, and a small model wants a smaller "
         "--vocab-size"

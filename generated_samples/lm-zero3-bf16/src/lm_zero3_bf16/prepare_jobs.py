@@ -11,8 +11,6 @@ large file is split into many, so that it is encoded on every core.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import math
 import os
 import signal
 import threading
@@ -26,20 +24,10 @@ from typing import Any
 import numpy as np
 
 from .corpus import DTYPES, END_OF_TEXT, SPLITS, Codec
-from .documents import BadRecord, Piece, Span, read_pieces
+from .documents import BadRecord, Piece, Span, is_validation, read_pieces
 from .survey import JOB_BYTES, Survey
 
 BATCH_CHARS = 1 << 20  # text encoded in one call of the tokenizer: ~150 MB of its working memory
-
-
-def is_validation(source: Path, number: int, val_fraction: float) -> bool:
-    """Whether document `number` of `source` is held out: evenly spaced within each source
-    (every 1 / val_fraction-th document), at a phase drawn from a hash of its path, so that the
-    split depends on neither the order in which workers finish nor the other sources."""
-    digest = hashlib.blake2b(source.as_posix().encode(), digest_size=8).digest()
-    phase = int.from_bytes(digest, "little") / 2**64
-    before, after = (math.floor(n * val_fraction + phase) for n in (number, number + 1))
-    return after > before
 
 
 @dataclass(frozen=True)

@@ -144,16 +144,20 @@ class TrainState:
         self.batch_in_epoch = 0
         self.data.end_epoch()
 
-    def record_validation(self, metrics: dict[str, float], monitor: str) -> bool:
-        """Append `metrics` to the history; return True when `monitor` improved on the best."""
+    def record_validation(self, metrics: dict[str, float], config: Config) -> bool:
+        """Append `metrics` to the history; return True when `config.monitor` improved on the
+        best. One that did not counts towards early stopping once the warmup is over: while
+        the learning rate still rises, a validation may well be worse."""
         epoch = round(self.epochs_done(), 4)
         self.history.append({"epoch": epoch, "step": self.step, **metrics})
         self.validated_step = self.step
-        value = metrics[monitor]
-        better = value < self.best_value if METRICS[monitor] == "min" else value > self.best_value
+        value = metrics[config.monitor]
+        lower = METRICS[config.monitor] == "min"
+        better = value < self.best_value if lower else value > self.best_value
         if math.isnan(self.best_value) or better:
             self.best_value, self.best_step, self.best_epoch = value, self.step, epoch
             self.validations_without_improvement = 0
             return True
-        self.validations_without_improvement += 1
+        if self.step > config.warmup_steps:
+            self.validations_without_improvement += 1
         return False
