@@ -75,6 +75,7 @@ def train_tokenizer(project: Path, folder: Path, out: Path) -> float:
 
 def prepare_table(project: Path, megabytes: int, scratch: Path) -> str:
     """Prepare's throughput against `encode_batch` (see the module docstring)."""
+    sys.path.insert(0, str(project / "src"))
     from lm.documents import Piece, read_pieces
     from lm.prepare import DOCUMENT_BYTES, Options, prepare
     from lm.sources import find_sources
@@ -188,15 +189,29 @@ def stop_table(project: Path, scratch: Path) -> str:
         process.wait()
         seconds = time.perf_counter() - sent
         time.sleep(1.0)
-        left = subprocess.run(
-            ["pgrep", "-g", str(process.pid)], capture_output=True, text=True
-        ).stdout.split()
+        left = running_in_group(process.pid)
         process.stderr.close()
         name = f"{stop.name} ({'Ctrl-C' if stop == signal.SIGINT else 'kill PID'})"
         rows.append(
             f"| {name} | after {phase}, +1 s | {seconds:.2f} | {process.returncode} | {len(left)} |"
         )
+    rows.append("")
+    rows.append("Processes left: those of its group still running a second after it exited.")
     return "\n".join(rows)
+
+
+def running_in_group(group: int) -> list[int]:
+    """The processes of process group `group` still running (zombies, which a container's
+    init may never reap, are not)."""
+    running = []
+    for status in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = status.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            running.append(int(status.parent.name))
+    return running
 
 
 def stdlib_text() -> str:
