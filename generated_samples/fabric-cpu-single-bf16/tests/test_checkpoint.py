@@ -222,23 +222,21 @@ def test_a_full_disk_at_a_save_ends_the_run_in_one_line_and_keeps_the_checkpoint
     """The disk fills while step 4's checkpoint is written: its partial folder goes, step 2
     stays the latest, and the error says where, how much a checkpoint takes and what to free;
     the entry point prints it as one line (a background save's error surfaces at the wait)."""
-    config = dataclasses.replace(config, epochs=1, checkpoint_every=2, stop_after_steps=6)
-    saves, save = [], checkpoint_module.atomic_save
+    checkpoints = Trainer(config, init_runtime("cpu")).checkpoints
+    checkpoints.save(2, is_best=False)
+    checkpoints.wait()  # on disk, where it was written in the background
 
     def fills_up(state, path):
-        saves.append(path)
-        if len(saves) == 2:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        save(state, path)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(checkpoint_module, "atomic_save", fills_up)
     message = r"no space left on device writing checkpoint step-00000004 in .* MiB free, and a "
     message += r"checkpoint of this run takes .*keep_last .*step-00000002 is still the latest"
     with pytest.raises(OSError, match=message) as full:
-        Trainer(config, init_runtime("cpu")).fit()
-    directory = Path(config.run_dir) / "checkpoints"
-    assert find_latest(directory).folder.name == "step-00000002"
-    assert not list(directory.glob(".*")), "no partial folder left"
+        checkpoints.save(4, is_best=False)
+        checkpoints.wait()
+    assert find_latest(checkpoints.directory).folder.name == "step-00000002"
+    assert not list(checkpoints.directory.glob(".*")), "no partial folder left"
     one_line = r"^error: no space left on device writing[^\n]*$"
     with pytest.raises(SystemExit, match=one_line), full_disk_exits():
         raise full.value

@@ -278,12 +278,21 @@ def test_an_interrupted_or_killed_prepare_ends_its_workers_at_once(tmp_path):
     corpus whole and no partial folder left; a prepare killed outright (SIGKILL) leaves no
     worker behind either, and the next prepare removes the folder it left."""
     source = tmp_path / "big.txt"
-    source.write_text("".join(f"{n}: {LINES[n % 400]}" for n in range(300_000)))  # ~18 MB
+    source.write_text("".join(f"{n}: {LINES[n % 400]}" for n in range(100_000)))  # ~6 MB
     out = tmp_path / "corpus"
     prepare([str(source)], out, Options(max_bytes=10_000, document_bytes=1000, val_fraction=0.5))
     before = read_manifest(out, HINT)
     command = [sys.executable, "-m", "fabric_lm_fsdp2_fp32.prepare", str(source), "--out", str(out)]
-    command += ["--workers", "2", "--tokenizer", "bpe", "--vocab-size", "2000"]
+    command += [
+        "--workers",
+        "2",
+        "--tokenizer",
+        "bpe",
+        "--vocab-size",
+        "2000",
+        "--val-fraction",
+        "0.5",
+    ]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     for stop in (signal.SIGTERM, signal.SIGKILL):
         process = subprocess.Popen(
