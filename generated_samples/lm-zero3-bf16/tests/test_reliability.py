@@ -19,11 +19,13 @@ import torch
 from lm_zero3_bf16 import loader
 from lm_zero3_bf16.checkpoint import TRAINER_FILE, find_latest, step_folders
 from lm_zero3_bf16.config import Config, load_config, parse_command_line
+from lm_zero3_bf16.data import build_datasets
 from lm_zero3_bf16.engine import Engine
 from lm_zero3_bf16.preemption import PREEMPTED_EXIT_CODE, Preempted
 from lm_zero3_bf16.run_folder import NotARunFolder, holds_a_run, mark_as_a_run
 from lm_zero3_bf16.runtime import init_runtime
 from lm_zero3_bf16.state_io import atomic_save
+from lm_zero3_bf16.task_config import TaskConfig
 from lm_zero3_bf16.train import Trainer, main, train_step
 from lm_zero3_bf16.validation import evaluate
 
@@ -215,6 +217,29 @@ def two_checkpoints(straight, tmp_path) -> tuple[Config, list[Path]]:
     return config, step_folders(Path(config.run_dir) / "checkpoints")
 
 
+def test_a_checkpoint_of_an_earlier_version_resumes_where_its_epoch_ended(two_checkpoints):
+    """An earlier version wrote a stop signal's checkpoint before the epoch's validation, its
+    data used up and the epoch not yet ended, and counted early stopping in epochs: the resume
+    ends that epoch, runs the validation it owes, and trains nothing twice."""
+    config, folders = two_checkpoints
+    batches = len(loader.make_train_loader(build_datasets(config)[0], config, init_runtime("cpu")))
+
+    def as_earlier_versions(state):
+        progress = state["components"]["progress"]
+        for key in ("validated_step", "validations_without_improvement", "data_changes"):
+            progress.pop(key)
+        progress.update(epoch=0, batch_in_epoch=batches, history=[], epochs_without_improvement=0)
+        progress.update(best_value=float("nan"), best_step=-1, best_epoch=-1)
+
+    rewrite_trainer_state(folders[-1], as_earlier_versions)
+    summary = Trainer(config, init_runtime("cpu"), resume=True).fit()
+    run_dir = Path(config.run_dir)
+    resumed_at = logged_records(run_dir, "start")[-1]["step"]
+    assert resumed_at == summary["steps"], "the epoch's steps were done: none trained again"
+    assert logged_records(run_dir, "val")[-1]["step"] == summary["steps"]
+    assert summary["epochs"] == 1 and summary["best"]["step"] == summary["steps"]
+
+
 def test_a_torn_newest_checkpoint_falls_back_to_the_one_before(two_checkpoints):
     config, folders = two_checkpoints
     for path in folders[-1].rglob("*"):  # every engine file torn, trainer.pt intact
@@ -250,6 +275,19 @@ def test_a_foreign_checkpoint_is_refused_in_one_line_saying_what_differs(
     with pytest.raises(ValueError, match=message) as refused:
         Trainer(config, init_runtime("cpu"), resume=True)
     assert "\n" not in str(refused.value)
+
+
+def test_a_task_without_a_data_change_hook_refuses_a_change_of_its_derived_keys(
+    two_checkpoints, monkeypatch
+):
+    """`task_data_change` is a hook a task may leave out (a task of your own written before
+    it): then the task's resume keys that are no settings are compared as they are."""
+    config, folders = two_checkpoints
+    for folder in folders:
+        rewrite_trainer_state(folder, lambda state: state["config"].update(data_fingerprint="0"))
+    monkeypatch.delattr(TaskConfig, "task_data_change")
+    with pytest.raises(ValueError, match=r"data changed since \(data_fingerprint changed\)"):
+        Trainer(config, init_runtime("cpu"), resume=True)
 
 
 def test_every_config_problem_is_listed_in_one_error():

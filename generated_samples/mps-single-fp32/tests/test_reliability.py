@@ -19,6 +19,7 @@ import torch
 from mps_single_fp32 import loader
 from mps_single_fp32.checkpoint import TRAINER_FILE, find_latest, step_folders
 from mps_single_fp32.config import Config, load_config, parse_command_line
+from mps_single_fp32.data import build_datasets
 from mps_single_fp32.engine import Engine
 from mps_single_fp32.preemption import PREEMPTED_EXIT_CODE, Preempted
 from mps_single_fp32.run_folder import NotARunFolder, holds_a_run, mark_as_a_run
@@ -204,6 +205,29 @@ def two_checkpoints(straight, tmp_path) -> tuple[Config, list[Path]]:
     config = dataclasses.replace(straight, run_dir=str(tmp_path / "run"))
     shutil.copytree(straight.run_dir, config.run_dir)
     return config, step_folders(Path(config.run_dir) / "checkpoints")
+
+
+def test_a_checkpoint_of_an_earlier_version_resumes_where_its_epoch_ended(two_checkpoints):
+    """An earlier version wrote a stop signal's checkpoint before the epoch's validation, its
+    data used up and the epoch not yet ended, and counted early stopping in epochs: the resume
+    ends that epoch, runs the validation it owes, and trains nothing twice."""
+    config, folders = two_checkpoints
+    batches = len(loader.make_train_loader(build_datasets(config)[0], config, init_runtime("cpu")))
+
+    def as_earlier_versions(state):
+        progress = state["components"]["progress"]
+        for key in ("validated_step", "validations_without_improvement", "data_changes"):
+            progress.pop(key)
+        progress.update(epoch=0, batch_in_epoch=batches, history=[], epochs_without_improvement=0)
+        progress.update(best_value=float("nan"), best_step=-1, best_epoch=-1)
+
+    rewrite_trainer_state(folders[-1], as_earlier_versions)
+    summary = Trainer(config, init_runtime("cpu"), resume=True).fit()
+    run_dir = Path(config.run_dir)
+    resumed_at = logged_records(run_dir, "start")[-1]["step"]
+    assert resumed_at == summary["steps"], "the epoch's steps were done: none trained again"
+    assert logged_records(run_dir, "val")[-1]["step"] == summary["steps"]
+    assert summary["epochs"] == 1 and summary["best"]["step"] == summary["steps"]
 
 
 def test_a_torn_newest_checkpoint_falls_back_to_the_one_before(two_checkpoints):

@@ -138,6 +138,15 @@ class TrainState:
         if self.batch_in_epoch >= self.data.batches:
             self.end_epoch()
 
+    def end_used_up_epoch(self) -> None:
+        """Move on from an epoch whose data is used up to the next one's start (the data
+        position read through to it): where a checkpoint written before its epoch ended (by an
+        earlier version, or a resume on another world size at an epoch's last step) leaves
+        a resumed run. A validation it owes stays due."""
+        if self.batch_in_epoch >= self.data.batches:
+            self.epoch_batches()  # replayed: the loader's generator reaches the next epoch's
+            self.end_epoch()
+
     def end_epoch(self) -> None:
         """Move to the next epoch's first batch (and the data with it)."""
         self.epoch += 1

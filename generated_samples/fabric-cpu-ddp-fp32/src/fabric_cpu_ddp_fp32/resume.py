@@ -313,14 +313,22 @@ def check_resumable(checkpoint: Checkpoint, config: Config, world_size: int) -> 
 
 def data_change(checkpoint: Checkpoint, config: Config) -> str | None:
     """How the task's data differs from what `checkpoint` trained on, in words (None: it does
-    not, or the task has no `task_data_change` hook to tell), where the run may continue on
-    it: `allow_data_change`, and data the task can continue on.
+    not), where the run may continue on it: `allow_data_change`, and data the task can
+    continue on. The task's `task_data_change` hook tells; a task without one, the values of
+    its `task_resume_keys` that are no settings (derived from its data) that changed.
 
     Raises:
         ValueError: the data changed, and the config or the task refuses to go on with it.
     """
+    saved = checkpoint.state["config"]
     hook = getattr(config, "task_data_change", None)  # an optional hook of the task's
-    change = hook(checkpoint.state["config"], config.run_dir) if hook else None
+    if hook is not None:
+        change = hook(saved, config.run_dir)
+    else:
+        settings = {field.name for field in dataclasses.fields(config)}
+        derived = [key for key in config.task_resume_keys if key not in settings]
+        changed = [key for key in derived if saved.get(key) != getattr(config, key)]
+        change = (f"{', '.join(changed)} changed", None) if changed else None
     if change is None:
         return None
     description, refusal = change
@@ -396,10 +404,14 @@ def start_or_resume(
     changed_data = check_resumable(candidates[0], config, runtime.world_size)
     for checkpoint in candidates[:-1]:
         try:
-            return _restore(checkpoints, checkpoint, state, changed_data)
+            folder = _restore(checkpoints, checkpoint, state, changed_data)
+            break
         except ValueError as error:  # every process or none fails: loads are collectives
             runtime.notice(f"{error}; trying the checkpoint before it")
-    return _restore(checkpoints, candidates[-1], state, changed_data)
+    else:
+        folder = _restore(checkpoints, candidates[-1], state, changed_data)
+    state.end_used_up_epoch()
+    return folder
 
 
 def _restore(
