@@ -307,6 +307,7 @@ def cmd_update(args: argparse.Namespace) -> int:
             print(f"scaffold: warning: {line}", file=sys.stderr)
     for note in result.config_notes:
         print(f"scaffold: note: configs/train.toml: {note}", file=sys.stderr)
+    _print_carried(result, args.dry_run)
     if args.dry_run:
         return _print_dry_run(result)
     _print_dropped(result)
@@ -347,6 +348,29 @@ def _print_dry_run(result: UpdateResult) -> int:
         file=sys.stderr,
     )
     return EXIT_CONFLICTS if result.conflicts else 0
+
+
+def _print_carried(result: UpdateResult, dry_run: bool) -> None:
+    """Name the edited files the template moved (the edits now at the new path) and the
+    edited files it no longer has (kept as they were), with what to do about each."""
+    carried, kept = ("would carry", "would keep") if dry_run else ("carried", "kept")
+    if result.carried:
+        print(
+            f"scaffold: {carried} your edits of {len(result.carried)} file(s) that the template "
+            "moved to their new paths:",
+            file=sys.stderr,
+        )
+        for old, new in result.carried.items():
+            print(f"  {old} -> {new}", file=sys.stderr)
+    if result.kept:
+        print(
+            f"scaffold: {kept} {len(result.kept)} file(s) that you edited and the template no "
+            "longer has; nothing it renders uses them now: move your edits where they belong, "
+            "then git rm the file",
+            file=sys.stderr,
+        )
+        for path in result.kept:
+            print(f"  {path}", file=sys.stderr)
 
 
 def _print_dropped(result: UpdateResult) -> None:

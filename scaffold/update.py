@@ -36,7 +36,7 @@ from scaffold.answers import build_answers, merge_sources
 from scaffold.config_merge import LABELS, merge_config
 from scaffold.copier_runs import render_files, update_files
 from scaffold.errors import ProjectError, RenderError
-from scaffold.migrations import notes_between
+from scaffold.migrations import moves_between, notes_between
 from scaffold.planner import Plan, plan
 from scaffold.template_cache import (
     CACHE_ENV,
@@ -77,6 +77,8 @@ class UpdateResult:
     restore_ref: str = ""
     plan: Plan | None = None
     config_notes: tuple[str, ...] = ()
+    carried: dict[str, str] = field(default_factory=dict)
+    kept: list[str] = field(default_factory=list)
 
 
 def find_project(start: Path) -> Path:
@@ -190,7 +192,9 @@ def update_project(
     Unless `recopy`, `configs/train.toml` is merged key by key (`scaffold.config_merge`), and
     `result.dropped` lists the files the new template changes that the project no longer has
     (see `dropped_changes`); the update did not apply those changes. After a real update their
-    new version is kept in the project's git as `result.restore_ref`. The template cache is
+    new version is kept in the project's git as `result.restore_ref`. The owner's edits of a
+    file the new template moved are merged into its new path (`result.carried`), and an edited
+    file it no longer has is kept (`result.kept`): see `carry_edits`. The template cache is
     this machine's (SCAFFOLD_CACHE_DIR, see `cache_source`).
 
     Raises:
@@ -200,12 +204,13 @@ def update_project(
     """
     project = find_project(project)
     recorded = recorded_answers(project)
-    old = check_updatable(project, recorded, version)
+    old_version = check_updatable(project, recorded, version)
     planned = updated_plan(recorded, data or {})
     recorded_source = str(recorded.get("_src_path") or template_repo_source()[1])
     old_tag = str(recorded["_commit"])
     source, new_tag = ensure_template_repo(version, template, cache_source(recorded_source))
-    result = UpdateResult(old_tag, new_tag, notes=notes_between(old, _version_of(new_tag)))
+    notes = notes_between(old_version, _version_of(new_tag))
+    result = UpdateResult(old_tag, new_tag, notes=notes)
     result.warnings = planned.warnings
     result.project = project
     result.plan = planned
@@ -219,11 +224,12 @@ def update_project(
     with tempfile.TemporaryDirectory() as scratch:
         renders = TemplateRenders(source, Path(scratch), project.name)
         old = (old_tag, old_answers)
-        merge = _Merge(planned, renders, recorded_source, old, new_tag, ask, recopy)
+        moves = moves_between(old_version, _version_of(new_tag), planned.answers.package_name)
+        merge = _Merge(planned, renders, recorded_source, old, new_tag, ask, recopy, moves)
         if dry_run:
             _dry_run(project, merge, result)
             return result
-        result.conflicts, result.config_notes = merge.run(project)
+        merge.run(project, result)
         result.changed = bool(run_git("status", "--porcelain", cwd=project))
         keep_template_in_project(project, source, new_tag)
         if not recopy:  # a recopy renders every file again, deleted ones too
@@ -281,7 +287,7 @@ class TemplateRenders:
 class _Merge:
     """One update's inputs: the plan, the renders of the cache repository's versions and the
     template path the project recorded, the old version (tag, copier data), the new tag,
-    copier's flags."""
+    copier's flags, and the template files moved since the old version (old path → new)."""
 
     planned: Plan
     renders: TemplateRenders
@@ -290,26 +296,117 @@ class _Merge:
     new_tag: str
     ask: bool
     recopy: bool
+    moves: Mapping[str, str] = field(default_factory=dict)
 
-    def run(self, folder: Path) -> tuple[list[str], tuple[str, ...]]:
-        """Update the project checked out at `folder`: copier, then `configs/train.toml` key by
-        key (not for a recopy). Returns the conflicted files and the config merge's notes."""
+    def run(self, folder: Path, result: UpdateResult) -> None:
+        """Update the project checked out at `folder`: copier, then (not for a recopy) the
+        owner's edits of moved and removed files (`carry_edits`) and `configs/train.toml` key
+        by key. Sets `result`'s conflicts, config notes, carried and kept files."""
         config = folder / CONFIG
         mine = config.read_text() if config.is_file() and not self.recopy else None
         skip = [CONFIG] if mine is not None else []
+        edits = [] if self.recopy else owner_edits(folder, self.renders.folder(self.old))
         with template_found_at(self.recorded_source, Path(self.renders.source)):
             data = self.planned.copier_data()
             update_files(folder, data, self.new_tag, ask=self.ask, recopy=self.recopy, skip=skip)
         conflicts = conflicted_files(folder)
-        if mine is None or not config.is_file():
-            return conflicts, ()
         new = (self.new_tag, _answers_after(folder, self.planned))
-        base, theirs = (self.renders.text(version, CONFIG) for version in (self.old, new))
-        merged = merge_config(mine, base, theirs, lambda *texts: merge_texts(*texts, LABELS))
-        config.write_text(merged.text)
-        if merged.conflicted:
-            conflicts = sorted({*conflicts, CONFIG})
-        return conflicts, merged.notes
+        if edits:
+            old_render, new_render = self.renders.folder(self.old), self.renders.folder(new)
+            carried = carry_edits(folder, edits, old_render, new_render, self.moves)
+            result.carried, result.kept = carried.moved, carried.kept
+            conflicts = sorted({*conflicts, *carried.conflicts})
+        if mine is not None and config.is_file():
+            base, theirs = (self.renders.text(version, CONFIG) for version in (self.old, new))
+            merged = merge_config(mine, base, theirs, lambda *texts: merge_texts(*texts, LABELS))
+            config.write_text(merged.text)
+            result.config_notes = merged.notes
+            if merged.conflicted:
+                conflicts = sorted({*conflicts, CONFIG})
+        result.conflicts = conflicts
+
+
+@dataclass(frozen=True)
+class OwnerEdit:
+    """A file of the project's template version that its owner changed: the path (relative
+    to the project) and the owner's text."""
+
+    path: str
+    text: str
+
+
+def owner_edits(project: Path, old_render: Path) -> list[OwnerEdit]:
+    """The files that `old_render` (the project's template version, as copier renders it)
+    holds and `project` holds with other text, read before an update moves or removes them.
+    A file the owner deleted is not an edit (`dropped_changes` covers those)."""
+    edits = []
+    for path in _files_under(old_render):
+        mine = project / path
+        if mine.is_file() and not mine.is_symlink():
+            text = mine.read_text(errors="surrogateescape")
+            if text != (old_render / path).read_text(errors="surrogateescape"):
+                edits.append(OwnerEdit(path, text))
+    return edits
+
+
+@dataclass
+class CarriedEdits:
+    """What `carry_edits` did: old path → new path of each edited file it merged into the
+    template's new path, the edited files the template no longer has that it kept, and the
+    new paths left with conflict markers."""
+
+    moved: dict[str, str] = field(default_factory=dict)
+    kept: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+
+
+def carry_edits(
+    project: Path,
+    edits: list[OwnerEdit],
+    old_render: Path,
+    new_render: Path,
+    moves: Mapping[str, str],
+) -> CarriedEdits:
+    """After copier's update of `project`: bring back the owner's `edits` of the files that the
+    new template (`new_render`) no longer has at their path. copier deletes every file that
+    only the old render had, edited or not.
+
+    A moved file (in `moves`, or rendered with the same text at a path the old version did not
+    have) gets the owner's edits by a 3-way merge (the old render's file, the owner's, the new
+    path as copier wrote it; conflicts inline between `LABELS` markers), and its old path goes.
+    A removed file is written back as the owner left it: nothing the template renders uses it
+    any more, and only its owner can say where their edits belong.
+
+    Raises:
+        RenderError: git is missing or `git merge-file` failed.
+    """
+    carried = CarriedEdits()
+    added = {
+        path: (new_render / path).read_text(errors="surrogateescape")
+        for path in _files_under(new_render)
+        if not (old_render / path).exists()
+    }
+    for edit in edits:
+        if (new_render / edit.path).exists():
+            continue  # still rendered there: copier merged it in place
+        base = (old_render / edit.path).read_text(errors="surrogateescape")
+        same_text = [path for path, text in added.items() if text == base]
+        target = moves.get(edit.path) or (same_text[0] if len(same_text) == 1 else None)
+        destination = project / (target or edit.path)
+        if target and destination.is_file():
+            theirs = destination.read_text(errors="surrogateescape")
+            merged = merge_texts(edit.text, base, theirs, LABELS)
+            destination.write_text(merged, errors="surrogateescape")
+            (project / edit.path).unlink(missing_ok=True)
+            carried.moved[edit.path] = target
+            if "<<<<<<< " in merged:
+                carried.conflicts.append(target)
+        else:
+            destination = project / edit.path
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            destination.write_text(edit.text, errors="surrogateescape")
+            carried.kept.append(edit.path)
+    return carried
 
 
 def dropped_changes(
@@ -386,7 +483,7 @@ def _dry_run(project: Path, merge: _Merge, result: UpdateResult) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         clone = Path(scratch) / project.name
         run_git("clone", "--quiet", str(project), str(clone), cwd=Path(scratch))
-        result.conflicts, result.config_notes = merge.run(clone)
+        merge.run(clone, result)
         new = (merge.new_tag, _answers_after(clone, merge.planned))
         if not merge.recopy:
             result.dropped = dropped_changes(clone, merge.renders, merge.old, new)

@@ -467,6 +467,107 @@ def test_edits_outside_template_changes_always_survive(
         assert (project / relative).read_text() == text, relative
 
 
+def move_in_template(template: Path, old: str, new: str) -> None:
+    """Move the file that renders project path `old` (with `{{package_name}}`, and `.jinja`
+    where the template file has it) to render `new` instead."""
+    project = template / "project"
+    suffix = "" if (project / old).is_file() else ".jinja"
+    (project / new).parent.mkdir(parents=True, exist_ok=True)
+    (project / (old + suffix)).rename(project / (new + suffix))
+
+
+def edit_line(path: Path, line: str, replacement: str) -> str:
+    text = path.read_text()
+    assert line in text, path
+    path.write_text(text.replace(line, replacement, 1))
+    return path.read_text()
+
+
+def test_edits_of_a_moved_file_follow_it_and_an_edited_file_the_template_dropped_is_kept(
+    project, new_template
+):
+    """v2 moves data_headroom.py into a folder without changing its text (found without a
+    table entry) and drops tests/test_optim.py. Both carry an edit of the owner's: the first
+    is at its new path, the second kept where it was, each named, after a --diff that says so
+    and changes nothing. Before this, copier deleted both without a word."""
+    package = "src/{{package_name}}"
+    move_in_template(
+        new_template, f"{package}/data_headroom.py", f"{package}/tools/data_headroom.py"
+    )
+    headroom, optim = project / "src/demo/data_headroom.py", project / "tests/test_optim.py"
+    mine = edit_line(headroom, "def ", "def my_helper() -> int:\n    return 1\n\n\ndef ")
+    my_test = optim.read_text() + "\n\ndef test_mine():\n    assert True\n"
+    optim.write_text(my_test)
+    commit_all(project, "my edits")
+    before = snapshot(project)
+    preview = update(project, new_template, "--diff")
+    assert preview.returncode == 0, preview.stderr
+    assert "would carry your edits of 1 file(s)" in preview.stderr
+    assert "src/demo/data_headroom.py -> src/demo/tools/data_headroom.py" in preview.stderr
+    assert "would keep 1 file(s)" in preview.stderr and "  tests/test_optim.py" in preview.stderr
+    assert snapshot(project) == before
+    result = update(project, new_template)
+    assert result.returncode == 0, result.stderr
+    assert "carried your edits of 1 file(s)" in result.stderr
+    assert "kept 1 file(s) that you edited" in result.stderr and "git rm" in result.stderr
+    assert (project / "src/demo/tools/data_headroom.py").read_text() == mine
+    assert not headroom.exists(), "the old path goes"
+    assert optim.read_text() == my_test
+    assert LOOP_FIX in (project / "src/demo/train.py").read_text(), "the rest applied"
+
+
+def test_a_moved_file_the_template_also_changed_merges_the_owners_edits_at_its_new_path(
+    project, new_template, monkeypatch
+):
+    """The table of moves (scaffold.migrations.MOVES) names two files v2 moved and changed:
+    an owner's edit of another line merges cleanly with the template's fix at the new path;
+    an edit of the fixed line is a conflict there, marked and listed."""
+    from scaffold import migrations
+    from scaffold.update import update_project
+
+    moves = {"src/demo/replicated.py": "src/demo/engine/replicated.py"}
+    moves["src/demo/loader.py"] = "src/demo/loading/loader.py"
+    for old, new in moves.items():
+        move_in_template(new_template, *(p.replace("demo", "{{package_name}}") for p in (old, new)))
+    table = {
+        o.replace("demo", "{package}"): n.replace("demo", "{package}") for o, n in moves.items()
+    }
+    monkeypatch.setitem(migrations.MOVES, NEW_VERSION, table)
+    engine, loader = project / "src/demo/replicated.py", project / "src/demo/loader.py"
+    edit_line(engine, '"""', '"""My notes on the engine.\n\n')
+    edit_line(loader, LOADER_LINE, "        batch_size=None,  # my own words")
+    commit_all(project, "my edits")
+    result = update_project(project, template=new_template, version=NEW_VERSION)
+    assert result.carried == moves
+    assert result.conflicts == ["src/demo/loading/loader.py"]
+    merged = (project / "src/demo/engine/replicated.py").read_text()
+    assert "My notes on the engine." in merged and ENGINE_FIX in merged
+    conflicted = (project / "src/demo/loading/loader.py").read_text()
+    assert "<<<<<<< before updating" in conflicted and LOADER_FIX in conflicted
+    assert "my own words" in conflicted
+    assert not engine.exists() and not loader.exists()
+
+
+def test_moves_chain_across_versions():
+    from packaging.version import Version
+
+    from scaffold.migrations import moves_between
+
+    table = {"0.2.0": {"src/{package}/a.py": "src/{package}/x/a.py"}}
+    table["0.3.0"] = {"src/{package}/x/a.py": "src/{package}/y/a.py", "b.py": "c.py"}
+    assert moves_between(Version("0.1.0"), Version("0.3.0"), "demo", table) == {
+        "src/demo/a.py": "src/demo/y/a.py",
+        "b.py": "c.py",
+    }
+    assert moves_between(Version("0.2.0"), Version("0.3.0"), "demo", table) == {
+        "src/demo/x/a.py": "src/demo/y/a.py",
+        "b.py": "c.py",
+    }
+    assert moves_between(Version("0.1.0"), Version("0.2.0"), "demo", table) == {
+        "src/demo/a.py": "src/demo/x/a.py"
+    }
+
+
 def test_migration_notes_between_versions():
     from packaging.version import Version
 
