@@ -170,43 +170,58 @@ def train_steps(run_dir: Path) -> list[int]:
     return [json.loads(line)["step"] for line in lines if '"train"' in line]
 
 
+def killed_run(sample: str, run_dir: Path, scratch: Path, background: bool) -> Tally:
+    """Run `sample` into `run_dir`, SIGKILLed KILLS times (alternately at the start of a save
+    and at a random moment) and resumed after each, to its end."""
+    rng, tally = random.Random(f"{sample}-{background}"), Tally()
+    resume = False
+    while tally.kills < KILLS:
+        process = start(sample, run_dir, resume, scratch, background)
+        in_save = kill_at_random(process, run_dir, rng, during_save=tally.kills % 2 == 0)
+        if process.returncode is None:  # the run ended before the kill
+            assert finish(process, tally) == 0
+            shutil.rmtree(run_dir)  # start again, to spend the kills
+            resume = False
+            continue
+        tally.kills += 1
+        tally.during_save += in_save
+        tally.left_partial += len(list((run_dir / "checkpoints").glob(".step-*.partial")))
+        resume = True
+    assert finish(start(sample, run_dir, True, scratch, background), tally) == 0
+    return tally
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("background", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("sample", list(SETTINGS))
-def test_random_kills_lose_no_checkpoint_and_the_run_ends_bitwise(sample, background, tmp_path):
+def test_random_kills_lose_no_checkpoint_and_the_run_ends_bitwise(sample, tmp_path):
+    """Saving synchronously and in the background, against one unkilled run (its saves are
+    synchronous: where a run ends does not depend on how it saves)."""
     import torch  # here, not at collection: seconds in every process of a quick run
     from safetensors.torch import load_file
 
     scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"kill-{os.getpid()}-{sample}"
     scratch.mkdir(parents=True, exist_ok=True)
+    straight = tmp_path / "straight"
+    tallies = {}
     try:
-        straight, killed = tmp_path / "straight", tmp_path / "killed"
         assert finish(start(sample, straight, False, scratch, False), Tally()) == 0
-        rng, tally = random.Random(sample), Tally()
-        resume = False
-        while tally.kills < KILLS:
-            process = start(sample, killed, resume, scratch, background)
-            in_save = kill_at_random(process, killed, rng, during_save=tally.kills % 2 == 0)
-            if process.returncode is None:  # the run ended before the kill
-                assert finish(process, tally) == 0
-                shutil.rmtree(killed)  # start again, to spend the kills
-                resume = False
-                continue
-            tally.kills += 1
-            tally.during_save += in_save
-            tally.left_partial += len(list((killed / "checkpoints").glob(".step-*.partial")))
-            resume = True
-        assert finish(start(sample, killed, True, scratch, background), tally) == 0
+        for background in (False, True):
+            tallies[background] = killed_run(
+                sample, tmp_path / f"killed-{background}", scratch, background
+            )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    expected, actual = (load_file(run / "model.safetensors") for run in (straight, killed))
-    assert all(torch.equal(actual[name], value) for name, value in expected.items())
-    steps = train_steps(killed)
-    assert steps == sorted(set(steps)) == train_steps(straight), "every step logged once"
-    assert not list((killed / "checkpoints").glob(".*")), "no temporary left behind"
-    print(
-        f"\n{sample}, async_checkpoint={background}: {tally.kills} kills "
-        f"({tally.during_save} during a save), 0 lost, "
-        f"{tally.left_partial} half-written folders left (all removed by the next start), "
-        f"{tally.fallbacks} fallbacks past the newest checkpoint"
-    )
+    expected = load_file(straight / "model.safetensors")
+    for background, tally in tallies.items():
+        killed = tmp_path / f"killed-{background}"
+        actual = load_file(killed / "model.safetensors")
+        assert all(torch.equal(actual[name], value) for name, value in expected.items())
+        steps = train_steps(killed)
+        assert steps == sorted(set(steps)) == train_steps(straight), "every step logged once"
+        assert not list((killed / "checkpoints").glob(".*")), "no temporary left behind"
+        print(
+            f"\n{sample}, async_checkpoint={background}: {tally.kills} kills "
+            f"({tally.during_save} during a save), 0 lost, "
+            f"{tally.left_partial} half-written folders left (all removed by the next start), "
+            f"{tally.fallbacks} fallbacks past the newest checkpoint"
+        )

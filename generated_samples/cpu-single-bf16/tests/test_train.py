@@ -211,8 +211,9 @@ def test_resume_mid_epoch_reproduces_the_straight_run_bitwise(tmp_path, num_work
     # between the checkpoint and the end (checked below).
     micro_batch_size = TEST_SETTINGS["micro_batch_size"] // 2
     common = ["grad_accum_steps=2", "log_every=1", f"num_workers={num_workers}", "epochs=4"]
-    common += ["device=cpu", f"micro_batch_size={micro_batch_size}", "val_every=4"]
-    k, kept = 15, 10  # step 10 falls mid-epoch (checked below), between validations 8 and 12
+    common += ["device=cpu", f"micro_batch_size={micro_batch_size}", "val_every=6"]
+    common += ["val_batches=2"]  # each validation also saves a checkpoint: the cost is there
+    k, kept = 15, 10  # step 10 falls mid-epoch (checked below), between validations 6 and 12
     runs = straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     train_here(*common, f"run_dir={straight.as_posix()!r}", f"stop_after_steps={2 * k}")
     stopped = [f"run_dir={resumed.as_posix()!r}", f"stop_after_steps={k}", "checkpoint_every=5"]
