@@ -15,33 +15,30 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from scaffold.answers import QUESTION_BY_KEY, Answers, coerce, parse_model_size
+from scaffold.answer_rules import check, gains_nothing_on_one_process, no_fp16_when_sharded
+from scaffold.answers import QUESTION_BY_KEY, Answers, coerce
 from scaffold.errors import AnswerError, NotAvailableYet
-from scaffold.memory import GIB, Estimate, estimate, gib
-from scaffold.recipes import (
-    GPT3_CONTEXT,
-    SMALL_LM_RECIPE,
-    Recipe,
-    for_hardware,
-    recipe_for,
-    total_steps,
-    within_accumulation,
+from scaffold.fitting import (
+    MODEL_STATE_BYTES,
+    SHARDED_STRATEGIES,
+    USABLE_FRACTION,
+    Fit,
+    device_words,
+    fit,
+    hardware_recipe,
+    memory_verdict,
+    model_shape,
+    sequences_per_process,
+    usable_bytes,
+    why_not,
 )
-from scaffold.renderable import FRAMEWORK_RENDERS, framework_renders
-from scaffold.shapes import DecoderShape, ModelShape, cnn_for, decoder_for, largest_decoder
-
-# Share of device memory a plan may fill: the seeds' "raise batch size until memory is ~85-90%
-# used" (002 §6), the rest left to the CUDA context, the allocator's fragmentation and NCCL.
-# On MPS, Metal's recommended working set is about 3/4 of unified memory
-# (torch.mps.recommended_max_memory).
-USABLE_FRACTION = {"cuda": 0.85, "cpu": 0.85, "mps": 0.75}
-MAX_IMAGE_MODEL_PARAMS = 50_000_000  # the digits CNN beyond this only burns time
-SHARDED_STRATEGIES = ("fsdp2", "zero1", "zero2", "zero3", "zero3-offload")
-MODEL_STATE_BYTES = 16  # per parameter with AdamW: fp32 weights, gradients, two moments
+from scaffold.memory import Estimate, gib
+from scaffold.recipes import SMALL_LM_RECIPE, Recipe, total_steps, within_accumulation
+from scaffold.renderable import framework_renders
+from scaffold.shapes import DecoderShape, ModelShape
 
 
 @dataclass(frozen=True)
@@ -139,7 +136,7 @@ class Plan:
         ]
         lines += [f"  {name:<12}{gib(count):>9}" for name, count in self.estimate.rows()]
         if self.usable:
-            share = f"{USABLE_FRACTION[a.hardware]:.0%} of {_device_words(a)}"
+            share = f"{USABLE_FRACTION[a.hardware]:.0%} of {device_words(a)}"
             lines.append(f"  {'usable':<12}{gib(self.usable):>9}  ({share})")
         if self.estimate.host:
             lines.append(f"  {'host/node':<12}{gib(self.estimate.host):>9}  (offloaded state)")
@@ -164,42 +161,6 @@ class Plan:
         return memory_verdict(self.answers, self.estimate)
 
 
-def gains_nothing_on_one_process(answers: Answers) -> bool:
-    """True for a multi-process strategy launched as one process: DDP has no peer to average
-    with, and FSDP2 and ZeRO have none to shard over. ZeRO-3 with offload on a GPU still moves
-    the model's state to host memory, which is what lets a model too large for one GPU train."""
-    offloads = answers.strategy == "zero3-offload" and answers.hardware == "cuda"
-    return answers.world_size == 1 and answers.strategy != "single" and not offloads
-
-
-def memory_verdict(answers: Answers, estimate: Estimate) -> str:
-    """'' when `estimate` fits the usable memory, or no memory was given. Else, since a plan
-    that does not fit is already at micro-batch 1 with activation checkpointing: "does not
-    fit" when it needs more than the device's whole memory ("short of host memory":
-    offloading, the node's), and "may run out of memory" when it needs only part of the
-    reserve that `usable_bytes` leaves (`USABLE_FRACTION`: the CUDA context, fragmentation,
-    NCCL), a close call."""
-    device = usable_bytes(answers)
-    host = answers.host_memory_gb * GIB if answers.hardware == "cuda" else 0
-    for needed, usable, whole, verdicts in (
-        (
-            estimate.peak,
-            device,
-            device / USABLE_FRACTION[answers.hardware],
-            ("does not fit", "may run out of memory"),
-        ),
-        (
-            estimate.host,
-            host * USABLE_FRACTION["cpu"],
-            host,
-            ("short of host memory", "may run out of host memory"),
-        ),
-    ):
-        if usable and needed > usable:
-            return verdicts[0] if needed > whole else verdicts[1]
-    return ""
-
-
 def plan(answers: Answers) -> Plan:
     """Check the answers, resolve `precision` and `strategy`, and plan the training settings.
 
@@ -219,30 +180,32 @@ def plan(answers: Answers) -> Plan:
         )
     recipe = hardware_recipe(answers)
     shape = model_shape(answers.task, answers.model_params, recipe)
-    strategy, fit, fit_warnings = _choose_strategy(answers, precision.value, shape, recipe)
+    search = StrategySearch(answers, precision.value, shape, recipe)
+    strategy, chosen, fit_warnings = _choose_strategy(search)
     if (
         precision.source == "auto"
         and precision.value == "fp16"
-        and fit.strategy in SHARDED_STRATEGIES
+        and chosen.strategy in SHARDED_STRATEGIES
     ):
         precision = Decision(  # fp16's loss scaling is not rendered for sharded strategies
             "precision",
             "fp32",
-            f"Volta/Turing lack bf16, and this model needs strategy={fit.strategy}, for which "
+            f"Volta/Turing lack bf16, and this model needs strategy={chosen.strategy}, for which "
             "fp16's loss scaling is not rendered",
             "auto",
         )
-        strategy, fit, fit_warnings = _choose_strategy(answers, "fp32", shape, recipe)
+        search = StrategySearch(answers, "fp32", shape, recipe)  # other fits at fp32
+        strategy, chosen, fit_warnings = _choose_strategy(search)
     warnings += fit_warnings
     refuse_what_cannot_render(answers, strategy, precision)
-    if fit.fits:  # else micro-batch 1 is no measure of the device: keep the recipe's batch
-        recipe = within_accumulation(recipe, fit.micro_batch, answers.world_size)
-    settings = _settings(answers, recipe, fit)
-    settings |= _run_length(recipe, shape.params, fit.micro_batch, settings, answers.world_size)
+    if chosen.fits:  # else micro-batch 1 is no measure of the device: keep the recipe's batch
+        recipe = within_accumulation(recipe, chosen.micro_batch, answers.world_size)
+    settings = _settings(answers, recipe, chosen)
+    settings |= _run_length(recipe, shape.params, chosen.micro_batch, settings, answers.world_size)
     resolved = dataclasses.replace(answers, precision=precision.value, strategy=strategy.value)
     usable = usable_bytes(answers)
     return Plan(
-        resolved, settings, shape, fit.estimate, usable, precision, strategy, tuple(warnings)
+        resolved, settings, shape, chosen.estimate, usable, precision, strategy, tuple(warnings)
     )
 
 
@@ -252,11 +215,11 @@ def refuse_what_cannot_render(answers: Answers, strategy: Decision, precision: D
     answered values were refused by `check` already).
 
     Raises:
-        AnswerError: fp16 with a sharded strategy (`_no_fp16_when_sharded`).
+        AnswerError: fp16 with a sharded strategy (`no_fp16_when_sharded`).
         AnswerError: the chosen strategy is not in `renderable.RENDERS`.
         NotAvailableYet: the chosen strategy or precision is not rendered by the framework.
     """
-    _no_fp16_when_sharded({"strategy": strategy.value, "precision": precision.value})
+    no_fp16_when_sharded({"strategy": strategy.value, "precision": precision.value})
     coerce(QUESTION_BY_KEY["strategy"], strategy.value)  # AnswerError if `RENDERS` lacks it
     framework = answers.framework
     for decision in (strategy, precision):
@@ -266,245 +229,6 @@ def refuse_what_cannot_render(answers: Answers, strategy: Decision, precision: D
                 f"render {decision.value} yet (it cannot be tested on CPU); answer "
                 "framework=pytorch"
             )
-
-
-# --- the checks that need no memory model: the questionnaire runs them on each answer ---
-
-
-def check(values: Mapping[str, Any]) -> None:
-    """Refuse answers that cannot work together. Only the keys present are checked, so the
-    questionnaire can check each answer as it is given (values typed, as `coerce` makes them).
-
-    Raises:
-        AnswerError: fp16 on CPU, bf16 on Volta/Turing, CUDA without its architecture, several
-            processes on MPS, one device for several GPUs, fp16 with a sharded strategy, a model
-            too large for the example task or for all memory, or a value the framework does not
-            render (NotAvailableYet).
-    """
-    for keys, rule in RULES:
-        if all(key in values for key in keys):
-            rule(values)
-
-
-def _cuda_needs_an_architecture(values: Mapping[str, Any]) -> None:
-    if values["hardware"] == "cuda" and values["gpu_arch"] == "none":
-        raise AnswerError(
-            "hardware=cuda needs the GPU architecture; "
-            "answer gpu_arch=hopper, ampere or volta-turing"
-        )
-
-
-def _cuda_needs_its_memory(values: Mapping[str, Any]) -> None:
-    if values["hardware"] == "cuda" and not values["gpu_memory_gb"]:
-        raise AnswerError(
-            "hardware=cuda needs the memory of one GPU to plan the run; answer gpu_memory_gb "
-            "in GiB (nvidia-smi's MiB / 1024: 79.6 for an 80 GB H100, 39.4 for a 40 GB A100)"
-        )
-
-
-def _no_fp16_on_cpu(values: Mapping[str, Any]) -> None:
-    if values["hardware"] == "cpu" and values["precision"] == "fp16":
-        raise AnswerError(
-            "precision=fp16 on CPU gains nothing and needs loss scaling; answer bf16 or fp32"
-        )
-
-
-def _no_bf16_on_volta(values: Mapping[str, Any]) -> None:
-    if values["gpu_arch"] == "volta-turing" and values["precision"] == "bf16":
-        fp16_renders = framework_renders(values.get("framework", "pytorch"), "precision", "fp16")
-        others = "fp16 or fp32" if fp16_renders else "fp32"
-        raise AnswerError(
-            f"precision=bf16 is not supported in hardware on Volta/Turing GPUs; answer {others}"
-        )
-
-
-def _one_process_on_mps(values: Mapping[str, Any]) -> None:
-    if values["hardware"] == "mps" and values["strategy"] not in ("auto", "single"):
-        raise AnswerError(
-            f"strategy={values['strategy']} needs several processes with a collective backend, "
-            "which MPS does not have (one Apple GPU per machine); answer strategy=single"
-        )
-
-
-def _single_means_one_gpu(values: Mapping[str, Any]) -> None:
-    world = values["gpus_per_node"] * values["num_nodes"]
-    if values["hardware"] == "cuda" and values["strategy"] == "single" and world > 1:
-        raise AnswerError(
-            f"strategy=single uses one device but {world} GPUs were answered; "
-            "answer gpus_per_node=1 and num_nodes=1, or strategy=ddp"
-        )
-
-
-def _no_fp16_when_sharded(values: Mapping[str, Any]) -> None:
-    if values["strategy"] in SHARDED_STRATEGIES and values["precision"] == "fp16":
-        raise AnswerError(
-            f"precision=fp16 with strategy={values['strategy']} needs sharded loss scaling, "
-            "which this template does not render; answer precision=bf16 or fp32 (or strategy=ddp)"
-        )
-
-
-def _image_model_size(values: Mapping[str, Any]) -> None:
-    size = values["model_size"]
-    if values["task"] == "image-classification" and parse_model_size(size) > MAX_IMAGE_MODEL_PARAMS:
-        raise AnswerError(
-            f"model_size={size} is too large for the 8x8-digits example model; "
-            "answer at most 50M, or task=language-model"
-        )
-
-
-def _decoder_size(values: Mapping[str, Any]) -> None:
-    size = values["model_size"]
-    largest = largest_decoder(GPT3_CONTEXT)
-    if values["task"] == "language-model" and parse_model_size(size) > largest.params:
-        raise AnswerError(
-            f"model_size={size} is more than the largest decoder the example renders "
-            f"({largest.params:,} parameters: {largest.depth} blocks of width {largest.width:,}); "
-            "answer a smaller model_size, or render one and put your own model in model.py"
-        )
-
-
-def _framework_renders(values: Mapping[str, Any]) -> None:
-    framework = values["framework"]
-    for key, rendered in FRAMEWORK_RENDERS.get(framework, {}).items():
-        value = values.get(key, "auto")
-        if not framework_renders(framework, key, value):
-            raise NotAvailableYet(
-                f"framework={framework} with {key}={value} is not available yet (it cannot be "
-                f"tested on CPU); answer {key}={' or '.join(rendered)}, or framework=pytorch "
-                f"for {value}"
-            )
-
-
-def _fits_somewhere(values: Mapping[str, Any]) -> None:
-    answers = partial_answers(values)
-    recipe = hardware_recipe(answers)
-    _check_capacity(answers, model_shape(answers.task, answers.model_params, recipe))
-
-
-RULES: tuple[tuple[tuple[str, ...], Callable[[Mapping[str, Any]], None]], ...] = (
-    (("hardware", "gpu_arch"), _cuda_needs_an_architecture),
-    (("hardware", "gpu_memory_gb"), _cuda_needs_its_memory),
-    (("hardware", "precision"), _no_fp16_on_cpu),
-    (("gpu_arch", "precision"), _no_bf16_on_volta),
-    (("hardware", "strategy"), _one_process_on_mps),
-    (("hardware", "strategy", "gpus_per_node", "num_nodes"), _single_means_one_gpu),
-    (("strategy", "precision"), _no_fp16_when_sharded),
-    (("task", "model_size"), _image_model_size),
-    (("task", "model_size"), _decoder_size),
-    (("framework",), _framework_renders),
-    (("task", "model_size", "hardware", "host_memory_gb"), _fits_somewhere),
-)
-
-
-def partial_answers(values: Mapping[str, Any]) -> Answers:
-    """An Answers record from typed values, the missing ones at their static defaults (the
-    questionnaire plans with what has been answered so far)."""
-    fields = {q.key: values.get(q.key, q.default) for q in QUESTION_BY_KEY.values()}
-    fields["project_name"] = fields["project_name"] or "x"
-    if fields["hardware"] != "cuda":
-        fields.update(gpu_arch="none", gpus_per_node=1, num_nodes=1, gpu_memory_gb=0.0)
-    return Answers(package_name="x", **fields)
-
-
-# --- sizes, memory and recipes ---
-
-
-def model_shape(task: str, params: int, recipe: Recipe) -> ModelShape:
-    """The example model of `task` that `model_size` renders (for the language model, at the
-    recipe's context and vocabulary)."""
-    if task == "image-classification":
-        return cnn_for(params)
-    return decoder_for(params, recipe.block_size, recipe.vocab_size)
-
-
-def hardware_recipe(answers: Answers) -> Recipe:
-    """The recipe of the answered model size (`recipe_for`), as the answered hardware can train
-    it (`for_hardware`: on CPU and MPS, the example's context and batch)."""
-    recipe = recipe_for(answers.task, answers.model_params)
-    return for_hardware(recipe, answers.hardware, answers.model_params)
-
-
-def usable_bytes(answers: Answers) -> int:
-    """Bytes of one device a plan may fill: the usable share of one GPU, or of host memory on
-    CPU and MPS; 0 when the memory was not given."""
-    memory = answers.gpu_memory_gb if answers.hardware == "cuda" else answers.host_memory_gb
-    return int(memory * GIB * USABLE_FRACTION[answers.hardware])
-
-
-def _host_usable(answers: Answers) -> int:
-    return int(answers.host_memory_gb * GIB * USABLE_FRACTION["cpu"])
-
-
-def _check_capacity(answers: Answers, shape: ModelShape) -> None:
-    """Refuse a model whose state (16 bytes per parameter) exceeds all usable device and host
-    memory together: no strategy, not even offload, can train it."""
-    devices = answers.world_size if answers.hardware == "cuda" else 1
-    device_total = devices * usable_bytes(answers)
-    host_total = answers.num_nodes * _host_usable(answers) if answers.hardware == "cuda" else 0
-    if device_total == 0 or (answers.hardware == "cuda" and host_total == 0):
-        return  # a memory size was not given: nothing to compare with
-    needed = MODEL_STATE_BYTES * shape.params
-    if needed > device_total + host_total:
-        where = (
-            f"{devices} x {answers.gpu_memory_gb:g} GiB GPUs and {answers.num_nodes} x "
-            f"{answers.host_memory_gb:g} GiB of host memory"
-            if answers.hardware == "cuda"
-            else f"{answers.host_memory_gb:g} GiB of {answers.hardware.upper()} memory"
-        )
-        raise AnswerError(
-            f"model_size={answers.model_size} needs ~{gib(needed)} GiB of model state "
-            f"({MODEL_STATE_BYTES} bytes per parameter with AdamW), more than the usable "
-            f"{gib(device_total + host_total)} GiB of {where}; answer a smaller model_size, "
-            + ("more GPUs or more nodes" if answers.hardware == "cuda" else "or hardware=cuda")
-        )
-
-
-@dataclass(frozen=True)
-class Fit:
-    """A strategy with the micro-batch and checkpointing that fit, and their estimate."""
-
-    strategy: str
-    micro_batch: int
-    checkpointing: bool
-    estimate: Estimate
-    fits: bool
-
-
-def _per_process(recipe: Recipe, world: int) -> int:
-    return recipe.sequences if recipe.per_process else math.ceil(recipe.sequences / world)
-
-
-def fit(answers: Answers, strategy: str, precision: str, shape: ModelShape, recipe: Recipe) -> Fit:
-    """The largest micro-batch (a divisor of the recipe's batch per process, so accumulation
-    makes it up exactly) that fits `usable_bytes` with `strategy`, without activation
-    checkpointing if any does, else with it; micro-batch 1 with checkpointing and `fits` False
-    when nothing does. Offload must also fit each node's host memory."""
-    world = answers.world_size
-    per_process = _per_process(recipe, world)
-    usable, host = usable_bytes(answers), _host_usable(answers)
-    candidates = [size for size in range(per_process, 0, -1) if per_process % size == 0]
-    dropout = 0.0 if answers.task == "language-model" else 0.1  # the examples' dropout
-
-    def run(micro_batch: int, checkpointing: bool) -> Estimate:
-        return estimate(
-            shape,
-            strategy=strategy,
-            precision=precision,
-            world_size=world,
-            micro_batch=micro_batch,
-            checkpointing=checkpointing,
-            dropout=dropout,
-            processes_per_node=answers.gpus_per_node,
-        )
-
-    if usable == 0:
-        return Fit(strategy, per_process, False, run(per_process, False), True)
-    for checkpointing in (False, True):
-        for micro_batch in candidates:
-            result = run(micro_batch, checkpointing)
-            if result.peak <= usable and (host == 0 or result.host <= host):
-                return Fit(strategy, micro_batch, checkpointing, result, True)
-    return Fit(strategy, 1, True, run(1, True), False)
 
 
 def strategy_ladder(answers: Answers) -> tuple[str, ...]:
@@ -518,16 +242,45 @@ def strategy_ladder(answers: Answers) -> tuple[str, ...]:
     )
 
 
-def _choose_strategy(
-    answers: Answers, precision: str, shape: ModelShape, recipe: Recipe
-) -> tuple[Decision, Fit, list[str]]:
-    """The strategy (as answered, or the first of `strategy_ladder` that fits), its fit at
-    `precision`, and warnings: a strategy that adds nothing or does not fit."""
-    warnings: list[str] = []
+@dataclass
+class StrategySearch:
+    """The fits of one plan's candidate strategies at one precision, each estimated once: the
+    answered strategy, `auto`'s ladder and the warning that says what `auto` would choose read
+    the same fits (a fit does not depend on which strategy was answered)."""
+
+    answers: Answers
+    precision: str
+    shape: ModelShape
+    recipe: Recipe
+    fits: dict[str, Fit] = field(default_factory=dict)
+
+    def fit(self, strategy: str) -> Fit:
+        """`fitting.fit` of `strategy`, estimated on the first call."""
+        if strategy not in self.fits:
+            answers, precision = self.answers, self.precision
+            self.fits[strategy] = fit(answers, strategy, precision, self.shape, self.recipe)
+        return self.fits[strategy]
+
+    def auto(self) -> tuple[Fit, list[str]]:
+        """`auto`'s choice: the first of `strategy_ladder` that fits (the last when none does),
+        and why each one tried before it, and it too when it does not fit, does not."""
+        tried: list[str] = []
+        for strategy in strategy_ladder(self.answers):
+            chosen = self.fit(strategy)
+            if chosen.fits:
+                break
+            tried.append(why_not(self.answers, chosen))
+        return chosen, tried
+
+
+def _choose_strategy(search: StrategySearch) -> tuple[Decision, Fit, list[str]]:
+    """The strategy (as answered, or the first of `strategy_ladder` that fits), its fit at the
+    search's precision, and warnings: a strategy that adds nothing or does not fit."""
+    answers, warnings = search.answers, []
     usable = usable_bytes(answers)
-    where = _device_words(answers)
+    where = device_words(answers)
     if answers.strategy != "auto":
-        chosen = fit(answers, answers.strategy, precision, shape, recipe)
+        chosen = search.fit(answers.strategy)
         if gains_nothing_on_one_process(answers):
             warnings.append(
                 f"strategy={answers.strategy} with one process adds nothing on its own; launch "
@@ -538,53 +291,32 @@ def _choose_strategy(
             verdict = verdict if verdict.startswith(("does", "may")) else f"is {verdict}"
             warnings.append(
                 f"strategy={answers.strategy} {verdict}: even at micro-batch 1 with activation "
-                f"checkpointing, {_why_not(answers, chosen)} (usable: "
-                f"{gib(usable)} GiB of {where}){_auto_would(answers, precision, shape, recipe)}"
+                f"checkpointing, {why_not(answers, chosen)} (usable: "
+                f"{gib(usable)} GiB of {where}){_auto_would(search)}"
             )
         return as_answered("strategy", answers.strategy), chosen, warnings
-    tried: list[str] = []
-    for strategy in strategy_ladder(answers):
-        chosen = fit(answers, strategy, precision, shape, recipe)
-        if chosen.fits:
-            break
-        tried.append(_why_not(answers, chosen))
-    else:
+    chosen, tried = search.auto()
+    if not chosen.fits:
         warnings.append(
             f"no strategy fits even at micro-batch 1 with activation checkpointing "
             f"({'; '.join(tried)}); the run may run out of memory"
         )
     others = tried if chosen.fits else tried[:-1]  # the chosen one's own says why it does not
-    reason = _strategy_reason(answers, chosen, shape, others, usable, where)
+    reason = _strategy_reason(answers, chosen, search.shape, others, usable, where)
     return Decision("strategy", chosen.strategy, reason, "auto"), chosen, warnings
 
 
-def _why_not(answers: Answers, chosen: Fit) -> str:
-    """Why `chosen` (which does not fit) does not: its device peak, or offload's host memory."""
-    peak, host = chosen.estimate.peak, chosen.estimate.host
-    if peak <= usable_bytes(answers) and host > _host_usable(answers):
-        return (
-            f"{chosen.strategy} needs ~{gib(host)} GiB of host memory per node, more than the "
-            f"{gib(_host_usable(answers))} usable of {answers.host_memory_gb:g} GiB"
-        )
-    return f"{chosen.strategy} needs ~{gib(peak)} GiB per device at micro-batch 1"
-
-
-def _auto_would(answers: Answers, precision: str, shape: ModelShape, recipe: Recipe) -> str:
+def _auto_would(search: StrategySearch) -> str:
     """What `strategy=auto` would choose instead, worded for a warning; '' when that choice
     would be refused too."""
-    auto = dataclasses.replace(answers, strategy="auto")
-    strategy, _, _ = _choose_strategy(auto, precision, shape, recipe)
+    chosen, _ = search.auto()
+    auto = dataclasses.replace(search.answers, strategy="auto")
+    strategy = Decision("strategy", chosen.strategy, "auto's choice", "auto")
     try:
-        refuse_what_cannot_render(auto, strategy, as_answered("precision", precision))
+        refuse_what_cannot_render(auto, strategy, as_answered("precision", search.precision))
     except AnswerError:
         return ""
-    return f"; strategy=auto would choose {strategy.value}"
-
-
-def _device_words(answers: Answers) -> str:
-    if answers.hardware == "cuda":
-        return f"one {answers.gpu_memory_gb:g} GiB GPU"
-    return f"{answers.host_memory_gb:g} GiB of {answers.hardware.upper()} memory"
+    return f"; strategy=auto would choose {chosen.strategy}"
 
 
 def _strategy_reason(
@@ -597,7 +329,7 @@ def _strategy_reason(
         many = chosen.strategy == "ddp"
         return (f"replicate over {answers.world_size} GPUs; " if many else "") + detail
     fits = f"~{gib(chosen.estimate.peak)} GiB per device fits {gib(usable)} GiB usable of {where}"
-    fits = fits if chosen.fits else f"it does not fit either: {_why_not(answers, chosen)}"
+    fits = fits if chosen.fits else f"it does not fit either: {why_not(answers, chosen)}"
     passed = f" ({'; '.join(tried)})" if tried else ""
     if chosen.strategy == "single":
         return f"one device, and the model fits on it: {fits}"
@@ -618,7 +350,7 @@ def _strategy_reason(
 
 def _settings(answers: Answers, recipe: Recipe, chosen: Fit) -> dict[str, Setting]:
     world = answers.world_size
-    per_process = _per_process(recipe, world)
+    per_process = sequences_per_process(recipe, world)
     accumulation = per_process // chosen.micro_batch
     usable = usable_bytes(answers)
     unit = "sequences" if recipe.block_size else "images"
@@ -646,7 +378,7 @@ def _settings(answers: Answers, recipe: Recipe, chosen: Fit) -> dict[str, Settin
     elif chosen.fits:
         micro = f"the largest divisor of the {per_process} {unit} per process that fits: {peak}"
     else:
-        micro = f"the smallest, and still too much ({_why_not(answers, chosen)}): see the warning"
+        micro = f"the smallest, and still too much ({why_not(answers, chosen)}): see the warning"
     settings["micro_batch_size"] = Setting(chosen.micro_batch, micro)
     total = chosen.micro_batch * accumulation * world
     settings["grad_accum_steps"] = Setting(
@@ -669,7 +401,11 @@ def _settings(answers: Answers, recipe: Recipe, chosen: Fit) -> dict[str, Settin
 # Compute-optimal training sees ~20 tokens per parameter (Hoffmann et al. 2022, "Training
 # Compute-Optimal Large Language Models", Table 3).
 TOKENS_PER_PARAMETER = 20
+
+
 VALIDATIONS_PER_RUN = 20
+
+
 # Tokens a validation pass reads: about nanoGPT's GPT-2 evaluation (eval_iters 200 x batch 12 x
 # 1024 tokens = 2.5M), enough for a loss estimate whose noise is far below the differences
 # early stopping and best-checkpoint selection act on.

@@ -1,11 +1,11 @@
 """The interactive questions (questionary). Each has a non-interactive twin: `--data KEY=VALUE`
 answers it, `--defaults` takes its default.
 
-Every answer is checked when it is given, against the answers so far (`planner.check`): a choice
-that cannot work is shown as not available, with the reason, and a typed answer that cannot is
-refused under the prompt. The strategy question shows, for each choice, the micro-batch the plan
-would use and what it needs per device, and what `auto` picks. `scaffold new` prints the plan
-once, after the last answer.
+Every answer is checked when it is given, against the answers so far (`answer_rules.check`): a
+choice that cannot work is shown as not available, with the reason, and a typed answer that
+cannot is refused under the prompt. The strategy question shows, for each choice, the
+micro-batch the plan would use and what it needs per device, and what `auto` picks. `scaffold
+new` prints the plan once, after the last answer.
 
 Going back: every question after the first has a `← back` choice (a select) or takes `<` (a
 typed answer); it returns to the previous question, offering the answer given there.
@@ -20,6 +20,7 @@ from typing import Any
 
 import questionary
 
+from scaffold.answer_rules import check, gains_nothing_on_one_process, partial_answers
 from scaffold.answers import (
     QUESTION_BY_KEY,
     QUESTIONS,
@@ -29,7 +30,7 @@ from scaffold.answers import (
     package_name_for,
 )
 from scaffold.memory import gib
-from scaffold.planner import check, gains_nothing_on_one_process, partial_answers, plan
+from scaffold.planner import plan
 
 BACK = "<"  # typed at a text prompt; also the value of the `← back` choice
 BACK_TITLE = "← back"

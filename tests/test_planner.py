@@ -8,10 +8,12 @@ import math
 
 import pytest
 
+from scaffold.answer_rules import check
 from scaffold.answers import build_answers, merge_sources
 from scaffold.errors import AnswerError, NotAvailableYet
+from scaffold.fitting import fit, usable_bytes
 from scaffold.memory import GIB, LAYOUTS, estimate
-from scaffold.planner import Decision, Setting, check, fit, plan, usable_bytes
+from scaffold.planner import Decision, Setting, plan
 from scaffold.recipes import MAX_ACCUMULATION, recipe_for
 from scaffold.shapes import decoder_for, largest_decoder
 
@@ -225,6 +227,27 @@ def test_a_risky_override_is_accepted_with_a_warning_that_gives_the_numbers():
     (warning,) = planned.warnings
     assert "strategy=ddp does not fit" in warning and "usable: 68.0 GiB" in warning
     assert "strategy=auto would choose fsdp2" in warning
+
+
+def test_each_candidate_strategy_is_estimated_once_per_precision(monkeypatch):
+    """An answered ddp that does not fit: its fit, auto's ladder (ddp, then fsdp2) and the
+    warning naming auto's choice read one search; Volta's fp16 that auto turns into fp32 for
+    a sharded model searches once more, at fp32."""
+    from scaffold import planner
+
+    estimated = []
+
+    def counted(answers, strategy, precision, shape, recipe):
+        estimated.append((strategy, precision))
+        return fit(answers, strategy, precision, shape, recipe)
+
+    monkeypatch.setattr(planner, "fit", counted)
+    plan(answers(**H100S, model_size="7B", strategy="ddp"))
+    assert estimated == [("ddp", "bf16"), ("fsdp2", "bf16")]
+    estimated.clear()
+    plan(answers(**H100S | {"gpu_arch": "volta-turing", "gpu_memory_gb": 32}, model_size="7B"))
+    assert len(estimated) == len(set(estimated)), estimated
+    assert {precision for _, precision in estimated} == {"fp16", "fp32"}
 
 
 def test_cuda_needs_its_memory_and_an_unknown_host_memory_is_not_checked():

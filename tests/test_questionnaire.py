@@ -8,9 +8,10 @@ import re
 import pytest
 
 from scaffold import questionnaire
+from scaffold.answer_rules import partial_answers
 from scaffold.answers import QUESTION_BY_KEY
 from scaffold.memory import GIB
-from scaffold.planner import partial_answers, plan
+from scaffold.planner import plan
 from scaffold.questionnaire import BACK, ask, strategy_instruction, strategy_title
 
 CPU_16 = {"task": "language-model", "hardware": "cpu", "host_memory_gb": 16.0}
