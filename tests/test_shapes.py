@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 from conftest import REPO_ROOT
 
-from scaffold.shapes import PUBLISHED_DECODERS, DecoderShape, cnn_for, decoder_for
+from scaffold.shapes import BYTE_VOCAB, PUBLISHED_DECODERS, DecoderShape, cnn_for, decoder_for
 from scaffold.variants import DEFAULT_VARIANT
 
 if TYPE_CHECKING:
@@ -84,6 +84,13 @@ def test_the_decoder_shape_is_the_rendered_models(params, block_size, vocab, mon
     assert shape.params == parameter_count(model)
     assert shape.unit_params[0] == parameter_count(model.shard_units()[0])
     assert model.shard_units()[0].attn.heads == shape.heads
+
+
+def test_the_byte_vocabulary_is_the_rendered_codecs():
+    """The planner's byte vocabulary (the bytes plan's NUM_CLASSES) is the one the rendered
+    `bytes` tokenizer encodes with."""
+    corpus = rendered(LM_SAMPLE, "corpus")
+    assert corpus.BYTE_VOCABULARY == BYTE_VOCAB == corpus.Codec(None).vocab_size
 
 
 def test_the_published_tables_are_the_same():

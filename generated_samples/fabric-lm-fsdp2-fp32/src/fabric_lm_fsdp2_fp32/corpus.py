@@ -35,6 +35,9 @@ SPLITS = ("train", "val")
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 CHUNK_BYTES = 1 << 24  # what hashing or copying a shard holds in memory at once
 END_OF_TEXT = "<|endoftext|>"  # the end-of-text token of a BPE trained by prepare
+# The `bytes` tokenizer's vocabulary: the 256 byte values, then end-of-text (id 256); also the
+# least a byte-level BPE has.
+BYTE_VOCABULARY = 257
 # End-of-text tokens of well-known tokenizers, for a tokenizer.json named without --eot.
 KNOWN_EOT = (END_OF_TEXT, "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>")
 
@@ -200,7 +203,7 @@ class Codec:
     ):
         self.tokenizer = None
         if tokenizer_file is None:
-            self.vocab_size, self.eot_id = 257, 256
+            self.vocab_size, self.eot_id = BYTE_VOCABULARY, BYTE_VOCABULARY - 1
             return
         from tokenizers import Tokenizer  # only where a tokenizer is used
 

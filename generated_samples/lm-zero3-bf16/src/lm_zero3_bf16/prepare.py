@@ -51,6 +51,7 @@ from tqdm import tqdm
 
 from .config import Config, command_parser, load_config, user_errors
 from .corpus import (
+    BYTE_VOCABULARY,
     CHUNK_BYTES,
     DTYPES,
     FORMAT,
@@ -106,9 +107,10 @@ class Options:
             if getattr(self, name) < 1:
                 option = "--" + name.replace("_", "-")
                 raise ValueError(f"{option} must be at least 1, got {getattr(self, name)}")
-        if self.tokenizer == "bpe" and self.vocab_size < 257:
+        if self.tokenizer == "bpe" and self.vocab_size < BYTE_VOCABULARY:
             raise ValueError(
-                f"--vocab-size {self.vocab_size} is below 257; a byte-level BPE needs 257"
+                f"--vocab-size {self.vocab_size} is below {BYTE_VOCABULARY}; a byte-level BPE "
+                f"needs {BYTE_VOCABULARY}"
             )
         check_encoding(self.encoding)
         if self.tokenizer not in ("bytes", "bpe"):
@@ -597,8 +599,8 @@ def main(argv: list[str] | None = None) -> Manifest:
     args = parser.parse_args(argv)
     from .data import NUM_CLASSES  # here: data.py imports this module
 
-    # The model's vocabulary where it is a BPE's; a byte-level model's 257 is no BPE to train.
-    vocab_size = args.vocab_size or (NUM_CLASSES if NUM_CLASSES > 257 else 8192)
+    # The model's vocabulary where it is a BPE's; a byte-level model's is no BPE to train.
+    vocab_size = args.vocab_size or (NUM_CLASSES if NUM_CLASSES > BYTE_VOCABULARY else 8192)
     with user_errors():
         config = load_config(args.config, [])
         out = Path(args.out or config.data_dir)
