@@ -61,10 +61,10 @@ def write_corpus(folder: Path, megabytes: int) -> int:
 def train_tokenizer(project: Path, folder: Path, out: Path) -> float:
     """Train the BPE of 8,192 tokens on `folder`'s first 16 MB into `out`; its seconds."""
     sys.path.insert(0, str(project / "src"))
+    from lm.corpus.jobs import train_bpe
+    from lm.corpus.sources import find_sources
+    from lm.corpus.survey import survey_source
     from lm.prepare import DOCUMENT_BYTES
-    from lm.prepare_jobs import train_bpe
-    from lm.sources import find_sources
-    from lm.survey import survey_source
 
     sources = find_sources([str(folder)]).files
     surveys = [survey_source(path, "text", DOCUMENT_BYTES, "utf-8", None, 0.1) for path in sources]
@@ -76,10 +76,10 @@ def train_tokenizer(project: Path, folder: Path, out: Path) -> float:
 def prepare_table(project: Path, megabytes: int, scratch: Path) -> str:
     """Prepare's throughput against `encode_batch` (see the module docstring)."""
     sys.path.insert(0, str(project / "src"))
-    from lm.documents import Piece, read_pieces
+    from lm.corpus.documents import Piece, read_pieces
+    from lm.corpus.sources import find_sources
+    from lm.corpus.survey import survey_source
     from lm.prepare import DOCUMENT_BYTES, Options, prepare
-    from lm.sources import find_sources
-    from lm.survey import survey_source
     from tokenizers import Tokenizer
 
     rows = ["| what | seconds | MB/s | / encode_batch |", "| --- | --- | --- | --- |"]
@@ -256,7 +256,7 @@ def memory_table(project: Path) -> str:
     import numpy as np
 
     sys.path.insert(0, str(project / "src"))
-    from lm.corpus import Manifest, Shard, file_sha256
+    from lm.corpus.shards import Manifest, Shard, file_sha256
 
     rows = ["| corpus | tokens | RSS growth over 2,000 micro-batches |", "| --- | --- | --- |"]
     generator = np.random.default_rng(0)

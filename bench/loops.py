@@ -42,10 +42,10 @@ CPU = torch.device("cpu")
 
 
 def project_modules(project: Path) -> dict[str, ModuleType]:
-    """The rendered project's modules by name (config, data, engine, model, optim, ...)."""
+    """The rendered project's modules by name (config, data, engine, model, training, ...)."""
     sys.path.insert(0, str(project / "src"))
     package = next((project / "src").glob("*/train.py")).parent.name
-    names = ("config", "data", "engine", "model", "optim", "task", "train", "runtime")
+    names = ("config", "data", "engine", "model", "training", "task", "train", "runtime")
     return {name: importlib.import_module(f"{package}.{name}") for name in names}
 
 
@@ -140,7 +140,7 @@ def run_bare(modules: dict[str, ModuleType], config: Any, steps_per_epoch: int) 
         torch.set_float32_matmul_precision("high")
     train_set, _ = modules["data"].build_datasets(config)
     model = modules["model"].build_model(config).to(device)
-    optimizer = modules["optim"].build_optimizer(model, config)
+    optimizer = modules["training"].build_optimizer(model, config)
     forward = torch.compile(model) if config.compile else model
     dtype = modules["engine"].COMPUTE_DTYPE
     loss_fn, clock = modules["task"].loss_fn, StepClock(steps_per_epoch, device)
@@ -162,7 +162,7 @@ def run_lightning(
     import lightning as L
 
     clock = StepClock(steps_per_epoch)
-    optim = modules["optim"]
+    optim = modules["training"]
 
     class Module(L.LightningModule):
         def __init__(self) -> None:
@@ -229,7 +229,7 @@ def run_fabric(modules: dict[str, ModuleType], config: Any, steps_per_epoch: int
 
     fabric = Fabric(accelerator="cpu", devices=1, precision="32-true")
     model = modules["model"].build_model(config)
-    optimizer = modules["optim"].build_optimizer(model, config)
+    optimizer = modules["training"].build_optimizer(model, config)
     model, optimizer = fabric.setup(model, optimizer)
     train_set, _ = modules["data"].build_datasets(config)
     loader = fabric.setup_dataloaders(batch_loader(train_set, config.micro_batch_size))
@@ -247,7 +247,7 @@ def run_accelerate(
 
     accelerator = Accelerator(cpu=True)
     model = modules["model"].build_model(config)
-    optimizer = modules["optim"].build_optimizer(model, config)
+    optimizer = modules["training"].build_optimizer(model, config)
     train_set, _ = modules["data"].build_datasets(config)
     # The loader is not prepared: Accelerate rebuilds a DataLoader from its batch_size and
     # refuses one whose sampler yields whole batches (batch_size=None). With one CPU process

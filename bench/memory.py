@@ -70,7 +70,7 @@ def child(sample: str, size: str, micro: int, checkpointing: bool, device: str) 
     sys.path.insert(0, str(ROOT / "generated_samples" / sample / "src"))
     modules = {
         name: importlib.import_module(f"{package}.{name}")
-        for name in ("build", "config", "engine", "optim", "runtime", "train")
+        for name in ("config", "engine", "runtime", "train", "training")
     }
     block_size = BLOCK_SIZE[device]
     overrides = [f"model_size={size}", f"block_size={block_size}", f"micro_batch_size={micro}"]
@@ -82,10 +82,10 @@ def child(sample: str, size: str, micro: int, checkpointing: bool, device: str) 
     batches = [(window[:, :-1], window[:, 1:]) for window in tokens]
 
     def train(config) -> Any:
-        model = modules["build"].build_on_meta(config)
-        make_optimizer = functools.partial(modules["optim"].build_optimizer, config=config)
+        model = modules["engine"].build_on_meta(config)
+        make_optimizer = functools.partial(modules["training"].build_optimizer, config=config)
         engine = modules["engine"].Engine(model, make_optimizer, runtime, config)
-        scheduler = modules["optim"].build_scheduler(engine.optimizer, config, total_steps=100)
+        scheduler = modules["training"].build_scheduler(engine.optimizer, config, total_steps=100)
         for batch in batches:
             modules["train"].train_step(engine, scheduler, [batch], 1, config.max_grad_norm)
         return engine

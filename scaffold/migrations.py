@@ -16,10 +16,58 @@ from collections.abc import Mapping
 
 from packaging.version import Version
 
-NOTES: dict[str, str] = {}
+NOTES: dict[str, str] = {
+    "0.2.0": (
+        "the package's machinery moved into folders (engine/, training/, checkpoint/, loader/, "
+        "corpus/, report/, preflight/); your files (model.py, data.py, task.py, task_config.py, "
+        "planned.py, config.py, runtime.py, state_io.py) and the commands (python -m "
+        "<package>.train and the rest) stay where they were. Your edits of a moved file are "
+        "merged into its new path (listed above); an import of a moved module in your own "
+        "code or tests needs its new path, e.g. <package>.progress -> <package>.training. "
+        "Checkpoints written before this update resume after it."
+    ),
+}
 
 # version → {old path: new path}, relative to the project; "{package}" is the package's name.
-MOVES: dict[str, dict[str, str]] = {}
+MOVES: dict[str, dict[str, str]] = {
+    # The package tree: the flat machinery modules grouped into packages named for what they are.
+    "0.2.0": {
+        "src/{package}/build.py": "src/{package}/engine/build.py",
+        "src/{package}/engine.py": "src/{package}/engine/strategy.py",
+        "src/{package}/replicated.py": "src/{package}/engine/replicated.py",
+        "src/{package}/amp.py": "src/{package}/engine/amp.py",
+        "src/{package}/fabric_step.py": "src/{package}/engine/fabric_step.py",
+        "src/{package}/accelerate_step.py": "src/{package}/engine/accelerate_step.py",
+        "src/{package}/sharding.py": "src/{package}/engine/sharding.py",
+        "src/{package}/deepspeed_zero.py": "src/{package}/engine/deepspeed_zero.py",
+        "src/{package}/zero3_init.py": "src/{package}/engine/zero3_init.py",
+        "src/{package}/host_memory.py": "src/{package}/engine/host_memory.py",
+        "src/{package}/progress.py": "src/{package}/training/state.py",
+        "src/{package}/optim.py": "src/{package}/training/optim.py",
+        "src/{package}/validation.py": "src/{package}/training/validation.py",
+        "src/{package}/safeguards.py": "src/{package}/training/safeguards.py",
+        "src/{package}/nonfinite.py": "src/{package}/training/nonfinite.py",
+        "src/{package}/preemption.py": "src/{package}/training/preemption.py",
+        "src/{package}/run_folder.py": "src/{package}/training/run_folder.py",
+        "src/{package}/checkpoint.py": "src/{package}/checkpoint/store.py",
+        "src/{package}/checkpointer.py": "src/{package}/checkpoint/schedule.py",
+        "src/{package}/resume.py": "src/{package}/checkpoint/resume.py",
+        "src/{package}/loader.py": "src/{package}/loader/dataloaders.py",
+        "src/{package}/corpus.py": "src/{package}/corpus/shards.py",
+        "src/{package}/sources.py": "src/{package}/corpus/sources.py",
+        "src/{package}/documents.py": "src/{package}/corpus/documents.py",
+        "src/{package}/survey.py": "src/{package}/corpus/survey.py",
+        "src/{package}/prepare_jobs.py": "src/{package}/corpus/jobs.py",
+        "src/{package}/report.py": "src/{package}/report/run_log.py",
+        "src/{package}/trackers.py": "src/{package}/report/trackers.py",
+        "src/{package}/summary.py": "src/{package}/report/summary.py",
+        "src/{package}/profiling.py": "src/{package}/report/profiling.py",
+        "src/{package}/preflight.py": "src/{package}/preflight/command.py",
+        "src/{package}/preflight_checks.py": "src/{package}/preflight/checks.py",
+        "src/{package}/preflight_facts.py": "src/{package}/preflight/facts.py",
+        "src/{package}/preflight_step.py": "src/{package}/preflight/step.py",
+    },
+}
 
 
 def notes_between(old: Version, new: Version, notes: dict[str, str] | None = None) -> list[str]:

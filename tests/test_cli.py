@@ -13,6 +13,8 @@ import pytest
 import yaml
 from conftest import REPO_ROOT, run_scaffold, snapshot
 
+from scaffold import __version__
+
 DEFAULT_FILES = {
     ".copier-answers.yml",
     ".dockerignore",
@@ -41,42 +43,51 @@ DEFAULT_FILES = {
 } | {
     f"src/demo/{name}.py"
     for name in (
+        # the user's files, what they import, and the commands
         "__init__",
-        "amp",
-        "build",
-        "checkpoint",
-        "checkpointer",
         "config",
         "data",
         "data_headroom",
-        "engine",
-        "host_memory",
-        "loader",
         "model",
-        "nonfinite",
-        "optim",
         "planned",
         "plot",
-        "preemption",
-        "preflight",
-        "preflight_checks",
-        "preflight_facts",
-        "preflight_step",
-        "profiling",
-        "progress",
-        "replicated",
-        "report",
-        "resume",
-        "run_folder",
         "runtime",
-        "safeguards",
         "state_io",
-        "summary",
         "task",
         "task_config",
-        "trackers",
         "train",
-        "validation",
+        # the machinery, by package
+        "checkpoint/__init__",
+        "checkpoint/resume",
+        "checkpoint/schedule",
+        "checkpoint/store",
+        "engine/__init__",
+        "engine/amp",
+        "engine/build",
+        "engine/host_memory",
+        "engine/replicated",
+        "engine/strategy",
+        "loader/__init__",
+        "loader/dataloaders",
+        "preflight/__init__",
+        "preflight/__main__",
+        "preflight/checks",
+        "preflight/command",
+        "preflight/facts",
+        "preflight/step",
+        "report/__init__",
+        "report/profiling",
+        "report/run_log",
+        "report/summary",
+        "report/trackers",
+        "training/__init__",
+        "training/nonfinite",
+        "training/optim",
+        "training/preemption",
+        "training/run_folder",
+        "training/safeguards",
+        "training/state",
+        "training/validation",
     )
 }
 
@@ -90,7 +101,7 @@ def test_new_with_defaults_renders_commits_and_records_answers(tmp_path):
     containers = {".dockerignore", "Dockerfile"} if "hardware: mps" in answers else set()
     assert set(snapshot(project)) == DEFAULT_FILES - containers
     assert "_src_path: ~/.cache/scaffold/template-repo" in answers
-    assert "_commit: v0.1.0" in answers
+    assert f"_commit: v{__version__}" in answers
     assert "precision: fp32" in answers and "strategy: single" in answers
     log = subprocess.run(
         ["git", "log", "--oneline"], cwd=project, capture_output=True, text=True, check=True
@@ -110,7 +121,9 @@ def test_data_answers_reach_the_render(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "proj" / "src" / "my_net" / "train.py").is_file()
-    assert "bfloat16" in (tmp_path / "proj" / "src" / "my_net" / "engine.py").read_text()
+    assert (
+        "bfloat16" in (tmp_path / "proj" / "src" / "my_net" / "engine" / "strategy.py").read_text()
+    )
 
 
 BAD_INPUTS = {
@@ -342,7 +355,7 @@ def test_interactive_prompts_with_a_pseudo_terminal(tmp_path):
     output = transcript.getvalue()
     assert output.count("Estimated memory per device") == 1, "the plan, printed once"
     assert "cannot be chosen" not in output
-    engine = (tmp_path / "netproj" / "src" / "netproj" / "engine.py").read_text()
+    engine = (tmp_path / "netproj" / "src" / "netproj" / "engine" / "strategy.py").read_text()
     assert "COMPUTE_DTYPE = torch.bfloat16" in engine
     recorded = yaml.safe_load((tmp_path / "netproj" / ".copier-answers.yml").read_text())
     assert (recorded["strategy"], recorded["gpus_per_node"]) == ("ddp", 2)

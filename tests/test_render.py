@@ -18,6 +18,7 @@ from conftest import REPO_ROOT, ruff
 from shared_renders import raw_render
 
 import scaffold.destination
+from scaffold import __version__
 from scaffold.answers import build_answers
 from scaffold.errors import DestinationError, RenderError
 from scaffold.planner import plan
@@ -75,8 +76,10 @@ def test_every_framework_strategy_and_precision_renders_clean(tmp_path_factory, 
     assert_clean(project)
     package = project / "src" / project.name.replace("-", "_")
     framework, precision = (UNRUN_RENDERS[name][key] for key in ("framework", "precision"))
-    engine = (package / "engine.py").read_text()
-    shared_step = package / f"{framework}_step.py"  # the replicated engines' shared verbs
+    engine = (package / "engine" / "strategy.py").read_text()
+    shared_step = (
+        package / "engine" / f"{framework}_step.py"
+    )  # the replicated engines' shared verbs
     verbs = shared_step.read_text() if shared_step.exists() else engine
     assert ("Fabric(" if framework == "fabric" else "Accelerator(") in engine + verbs
     step = verbs[verbs.index("def clip_and_step") :]
@@ -91,8 +94,8 @@ def test_every_framework_strategy_and_precision_renders_clean(tmp_path_factory, 
 def test_fabric_fp16_hands_fabric_its_own_loss_scaler(tmp_path_factory):
     """Fabric turns "16-mixed" on a CPU into another precision unless handed a scaler."""
     project = framework_render(tmp_path_factory, "fabric-single-fp16")
-    engine = (project / "src" / "aa_fabric_single_fp16" / "engine.py").read_text()
-    step = (project / "src" / "aa_fabric_single_fp16" / "fabric_step.py").read_text()
+    engine = (project / "src" / "aa_fabric_single_fp16" / "engine" / "strategy.py").read_text()
+    step = (project / "src" / "aa_fabric_single_fp16" / "engine" / "fabric_step.py").read_text()
     assert 'FABRIC_PRECISION = "16-mixed"' in engine and "GradScaler(device.type, enabled=" in step
     assert "plugins=[plugin]" in engine and "precision=" not in engine.split("Fabric(")[1][:300]
 
@@ -104,13 +107,13 @@ def test_precision_is_data_in_one_engine_text(tmp_path_factory):
     for variant in ("cuda-single-bf16", "cuda-single-fp16"):
         package = variant.replace("-", "_")
         project = raw_render(tmp_path_factory, variant)
-        engines[variant] = (project / "src" / package / "engine.py").read_text()
+        engines[variant] = (project / "src" / package / "engine" / "strategy.py").read_text()
     bf16, fp16 = engines["cuda-single-bf16"], engines["cuda-single-fp16"]
     assert "COMPUTE_DTYPE = torch.bfloat16" in bf16 and "GRAD_SCALER = False" in bf16
     assert "COMPUTE_DTYPE = torch.float16" in fp16 and "GRAD_SCALER = True" in fp16
     constants = re.compile(r"^(STRATEGY|PRECISION|COMPUTE_DTYPE|GRAD_SCALER) = .*$", re.M)
     assert constants.sub("", bf16) == constants.sub("", fp16)
-    amp = (project / "src" / "cuda_single_fp16" / "amp.py").read_text()
+    amp = (project / "src" / "cuda_single_fp16" / "engine" / "amp.py").read_text()
     step = amp[amp.index("def clip_and_step") :]
     unscale, clip = step.index("unscale_(self.optimizer)"), step.index("clip_grad_norm_")
     assert unscale < clip < step.index("scaler.step(self.optimizer)")
@@ -123,11 +126,11 @@ def tags(repo: Path) -> list[str]:
 def test_template_cache_tags_once_and_never_moves_a_tag(tmp_path, monkeypatch):
     repo, source = template_repo_source()
     assert source == "~/.cache/scaffold/template-repo"
-    assert ensure_template_repo() == (source, "v0.1.0")
-    assert ensure_template_repo() == (source, "v0.1.0")
-    assert tags(repo) == ["v0.1.0"]
+    assert ensure_template_repo() == (source, f"v{__version__}")
+    assert ensure_template_repo() == (source, f"v{__version__}")
+    assert tags(repo) == [f"v{__version__}"]
     first_commit = subprocess.run(
-        ["git", "rev-parse", "v0.1.0"], cwd=repo, capture_output=True, text=True
+        ["git", "rev-parse", f"v{__version__}"], cwd=repo, capture_output=True, text=True
     ).stdout
     changed = tmp_path / "templates"
     shutil.copytree(TEMPLATE, changed)
@@ -135,10 +138,10 @@ def test_template_cache_tags_once_and_never_moves_a_tag(tmp_path, monkeypatch):
     monkeypatch.setattr("scaffold.template_cache.bundled_template", lambda: changed)
     with pytest.warns(UserWarning, match="without a version bump"):
         _, dev_tag = ensure_template_repo()
-    assert dev_tag.startswith("v0.1.0+dev.")
+    assert dev_tag.startswith(f"v{__version__}+dev.")
     assert (
         subprocess.run(
-            ["git", "rev-parse", "v0.1.0"], cwd=repo, capture_output=True, text=True
+            ["git", "rev-parse", f"v{__version__}"], cwd=repo, capture_output=True, text=True
         ).stdout
         == first_commit
     )

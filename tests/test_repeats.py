@@ -17,7 +17,7 @@ from scaffold.variants import VARIANTS
 
 SAMPLES = Path(__file__).resolve().parents[1] / "generated_samples"
 KEYED_PARTS = ("src", "tests", "configs", "launch", "pyproject.toml")  # all that keys read
-ENGINE = "src/{package}/engine.py"
+ENGINE = "src/{package}/engine/strategy.py"
 
 Footprints = Mapping[str, Mapping[str, Footprint]]  # variant → node id → footprint
 
@@ -41,7 +41,7 @@ def names_of(project: Path) -> Names:
 
 
 def real_path(project: Path, normalized_path: str) -> Path:
-    """`src/{package}/engine.py` of `project`, under its package's own name."""
+    """`src/{package}/engine/strategy.py` of `project`, under its package's own name."""
     return project / normalized_path.replace("{package}", names_of(project).package)
 
 
@@ -125,11 +125,25 @@ def test_a_test_reaches_every_module_that_a_module_it_reaches_imports(samples, s
     plain pattern), and some test reaches the engine through another module alone."""
     project = samples / "cpu-single-fp32"
     package = names_of(project).package
+    src = project / "src"
+
+    def files_of(dotted: str) -> set[str]:  # a module's file and its packages' __init__.py
+        files, folder = set(), src
+        for part in dotted.split("."):
+            folder = folder / part
+            found = folder / "__init__.py" if folder.is_dir() else folder.with_suffix(".py")
+            files |= {str(found.relative_to(src)).replace(package, "{package}", 1)} - {"."}
+        return {f"src/{file}" for file in files}
+
     imports = {}
-    for module in (project / "src" / package).glob("*.py"):
-        text = module.read_text()
-        imported = re.findall(rf"^\s*from (?:\.|{package}\.)(\w+) import", text, re.MULTILINE)
-        imports[f"src/{{package}}/{module.name}"] = {f"src/{{package}}/{m}.py" for m in imported}
+    for module in (src / package).rglob("*.py"):
+        here = module.relative_to(src).parts[:-1]  # the package it is in
+        pattern = rf"^\s*from (\.+|{package}\.)([\w.]*) import"
+        imported = set()
+        for dots, name in re.findall(pattern, module.read_text(), re.MULTILINE):
+            base = here[: len(here) - len(dots) + 1] if dots.startswith(".") else (package,)
+            imported |= files_of(".".join([*base, name] if name else base))
+        imports[f"src/{module.relative_to(src)}".replace(package, "{package}", 1)] = imported
     engine_through_another_module = []
     for node, footprint in sample_footprints["cpu-single-fp32"].items():
         reached = set(footprint.reached_modules)

@@ -249,7 +249,7 @@ def test_a_7b_plan_renders_a_project_whose_config_a_user_could_launch(tmp_path):
     assert f"NUM_CLASSES = {vocabulary.value}  # the vocabulary: {vocabulary.source}" in data_py
     script = (
         "import json; import torch; from llm.config import load_config; "
-        "from llm.build import build_on_meta; config = load_config('configs/train.toml'); "
+        "from llm.engine import build_on_meta; config = load_config('configs/train.toml'); "
         "model = build_on_meta(config); "
         "print(json.dumps([sum(p.numel() for p in model.parameters()), "
         "all(p.is_meta for p in model.parameters()), config.block_size, config.lr, "

@@ -89,7 +89,7 @@ def test_the_decoder_shape_is_the_rendered_models(params, block_size, vocab, mon
 def test_the_byte_vocabulary_is_the_rendered_codecs():
     """The planner's byte vocabulary (the bytes plan's NUM_CLASSES) is the one the rendered
     `bytes` tokenizer encodes with."""
-    corpus = rendered(LM_SAMPLE, "corpus")
+    corpus = rendered(LM_SAMPLE, "corpus.shards")
     assert corpus.BYTE_VOCABULARY == BYTE_VOCAB == corpus.Codec(None).vocab_size
 
 
@@ -185,7 +185,7 @@ def test_decoder_activations_are_what_autograd_saves(precision, checkpointing, s
     if precision == "bf16-params":
         model = model.to(torch.bfloat16)
     if checkpointing:
-        rendered(LM_SAMPLE, "build").checkpoint_units(model)
+        rendered(LM_SAMPLE, "engine.build").checkpoint_units(model)
     tokens = torch.randint(0, 256, (batch, shape.block_size))
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast is not None):
         measured = saved_bytes(model, lambda: task.loss_fn(model(tokens), tokens))

@@ -16,13 +16,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from shared_renders import committed_project, copy_project
 
+from scaffold import __version__
 from scaffold.answers import build_answers, merge_sources
 from scaffold.errors import ProjectError
 from scaffold.planner import plan
 from scaffold.samples import render_variant
 from scaffold.variants import VARIANTS
 
-NEW_VERSION = "0.2.0"
+NEW_VERSION = "0.9.0"  # newer than the installed scaffold
 LOOP_LINE = "    engine.zero_grad()"
 LOOP_FIX = "    engine.zero_grad()  # set_to_none: the first backward writes the gradients"
 ENGINE_LINE = "        self.optimizer.zero_grad(set_to_none=True)"
@@ -51,11 +52,11 @@ def new_template(tmp_path_factory) -> Path:
     template = tmp_path_factory.mktemp("template-v2") / "templates"
     shutil.copytree(REPO_ROOT / "templates", template)
     package = template / "project" / "src" / "{{package_name}}"
-    engine = package / "replicated.py.jinja"  # the replicated engines' shared verbs
+    engine = package / "engine" / "replicated.py.jinja"  # the replicated engines' shared verbs
     for path, line, fix in [
         (package / "train.py.jinja", LOOP_LINE, LOOP_FIX),
         (engine, ENGINE_LINE, ENGINE_FIX),
-        (package / "loader.py", LOADER_LINE, LOADER_FIX),
+        (package / "loader" / "dataloaders.py", LOADER_LINE, LOADER_FIX),
     ]:
         text = path.read_text()
         assert line in text, path
@@ -66,21 +67,21 @@ def new_template(tmp_path_factory) -> Path:
     config.write_text(text.replace(CONFIG_LINE, CONFIG_FIX))
     (template / "project" / "tests" / "test_optim.py.jinja").unlink()
     (template / "project" / "docs").mkdir(exist_ok=True)
-    (template / "project" / "docs" / "CHANGES.md").write_text("# Changes\n\n- v0.2.0\n")
+    (template / "project" / "docs" / "CHANGES.md").write_text(f"# Changes\n\n- v{NEW_VERSION}\n")
     with open(template / "copier.yml", "a") as copier_yml:
         copier_yml.write("\nlog_backend:\n  type: str\n  default: jsonl\n")
     return template
 
 
 def default_project(factory: pytest.TempPathFactory, dest: Path, home: Path) -> Path:
-    """At `dest`, the default project as the installed scaffold (v0.1.0) renders and commits it
+    """At `dest`, the default project as the installed scaffold renders and commits it
     in the HOME `home`: a copy of the session's one render, with the template cache it made."""
     return copy_project(committed_project(factory, "cpu-single-fp32", "demo"), dest, home)
 
 
 @pytest.fixture
 def project(tmp_path_factory, tmp_path, isolated_home) -> Path:
-    """The default project rendered by the installed scaffold (v0.1.0) and committed."""
+    """The default project rendered by the installed scaffold and committed."""
     return default_project(tmp_path_factory, tmp_path / "demo", isolated_home)
 
 
@@ -103,10 +104,10 @@ def test_clean_update_keeps_the_owners_edit_and_brings_the_fix(project, new_temp
     assert LOOP_FIX in (project / "src" / "demo" / "train.py").read_text()
     assert CONFIG_FIX in (project / "configs" / "train.toml").read_text()
     answers = (project / ".copier-answers.yml").read_text()
-    assert "_commit: v0.2.0" in answers
+    assert f"_commit: v{NEW_VERSION}" in answers
     assert "log_backend: jsonl" in answers, "a new question takes its default"
     refs = git(project, "for-each-ref", "--format=%(refname)", "refs/scaffold")
-    assert "refs/scaffold/templates/v0.2.0" in refs
+    assert f"refs/scaffold/templates/v{NEW_VERSION}" in refs
 
 
 def test_same_line_edited_on_both_sides_fails_loudly_and_commits_nothing(project, new_template):
@@ -114,14 +115,14 @@ def test_same_line_edited_on_both_sides_fails_loudly_and_commits_nothing(project
     the deleted file is still listed."""
     train = project / "src" / "demo" / "train.py"
     train.write_text(train.read_text().replace(LOOP_LINE, "    engine.zero_grad()  # my own note"))
-    git(project, "rm", "--quiet", "src/demo/loader.py")
+    git(project, "rm", "--quiet", "src/demo/loader/dataloaders.py")
     commit_all(project, "my note, no loader")
     head = git(project, "rev-parse", "HEAD")
     result = update(project, new_template)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "conflicts in 1 file(s)" in result.stderr and "  src/demo/train.py" in result.stderr
     assert "deleted; the update did not apply" in result.stderr
-    assert "  src/demo/loader.py" in result.stderr
+    assert "  src/demo/loader/dataloaders.py" in result.stderr
     text = train.read_text()
     assert "<<<<<<<" in text and ">>>>>>>" in text and LOOP_FIX in text and "my own note" in text
     assert git(project, "rev-parse", "HEAD") == head, "nothing committed"
@@ -139,7 +140,7 @@ def make_not_a_project(project: Path) -> None:
 
 def make_downgrade(project: Path) -> None:
     answers = project / ".copier-answers.yml"
-    answers.write_text(answers.read_text().replace("_commit: v0.1.0", "_commit: v9.0.0"))
+    answers.write_text(answers.read_text().replace(f"_commit: v{__version__}", "_commit: v9.0.0"))
     commit_all(project, "from the future")
 
 
@@ -184,7 +185,7 @@ def test_update_on_a_fresh_machine_restores_the_old_template_from_the_project(
 def test_without_the_old_template_anywhere_recopy_is_the_way_out(
     project, new_template, tmp_path, monkeypatch
 ):
-    git(project, "update-ref", "-d", "refs/scaffold/templates/v0.1.0")
+    git(project, "update-ref", "-d", f"refs/scaffold/templates/v{__version__}")
     monkeypatch.setenv("HOME", str(tmp_path))
     refused = update(project, new_template)
     assert refused.returncode == 2 and "--recopy" in refused.stderr
@@ -209,7 +210,10 @@ def test_changing_an_answer_re_renders_and_the_tests_still_pass(tmp_path_factory
     assert VARIANTS["cpu-single-bf16"] == {**VARIANTS["cpu-single-fp32"], "precision": "bf16"}
     result = run_scaffold("update", str(project), "--data", "precision=bf16", cwd=project.parent)
     assert result.returncode == 0, result.stderr
-    assert "COMPUTE_DTYPE = torch.bfloat16" in (project / "src" / "demo" / "engine.py").read_text()
+    assert (
+        "COMPUTE_DTYPE = torch.bfloat16"
+        in (project / "src" / "demo" / "engine" / "strategy.py").read_text()
+    )
     assert "precision: bf16" in (project / ".copier-answers.yml").read_text()
     updated = snapshot(project)
     fresh = snapshot(committed_project(tmp_path_factory, "cpu-single-bf16", "demo"))
@@ -219,7 +223,12 @@ def test_changing_an_answer_re_renders_and_the_tests_still_pass(tmp_path_factory
     assert differing == [], "the update and a fresh render differ"
 
 
-UNTOUCHED_BY_V2 = ["src/demo/model.py", "src/demo/data.py", "README.md", "src/demo/optim.py"]
+UNTOUCHED_BY_V2 = [
+    "src/demo/model.py",
+    "src/demo/data.py",
+    "README.md",
+    "src/demo/training/optim.py",
+]
 
 
 MY_DATA = '''"""My data: a noisy linear function of 8 features, the targets standardised."""
@@ -408,8 +417,8 @@ def test_a_users_own_regression_task_keeps_their_files_and_merges_machinery_fixe
     assert 'monitor = "val_r2"' in config and CONFIG_FIX in config
     package = project / "src" / "demo"
     assert LOOP_FIX in (package / "train.py").read_text()
-    assert ENGINE_FIX in (package / "replicated.py").read_text()
-    assert LOADER_FIX in (package / "loader.py").read_text()
+    assert ENGINE_FIX in (package / "engine" / "replicated.py").read_text()
+    assert LOADER_FIX in (package / "loader" / "dataloaders.py").read_text()
     assert "<<<<<<<" not in git(project, "diff") and not list(project.rglob("*.rej"))
 
 
@@ -525,22 +534,23 @@ def test_a_moved_file_the_template_also_changed_merges_the_owners_edits_at_its_n
     from scaffold import migrations
     from scaffold.update import update_project
 
-    moves = {"src/demo/replicated.py": "src/demo/engine/replicated.py"}
-    moves["src/demo/loader.py"] = "src/demo/loading/loader.py"
+    moves = {"src/demo/engine/replicated.py": "src/demo/shared/replicated.py"}
+    moves["src/demo/loader/dataloaders.py"] = "src/demo/loading/loader.py"
     for old, new in moves.items():
         move_in_template(new_template, *(p.replace("demo", "{{package_name}}") for p in (old, new)))
     table = {
         o.replace("demo", "{package}"): n.replace("demo", "{package}") for o, n in moves.items()
     }
     monkeypatch.setitem(migrations.MOVES, NEW_VERSION, table)
-    engine, loader = project / "src/demo/replicated.py", project / "src/demo/loader.py"
+    engine = project / "src/demo/engine/replicated.py"
+    loader = project / "src/demo/loader/dataloaders.py"
     edit_line(engine, '"""', '"""My notes on the engine.\n\n')
     edit_line(loader, LOADER_LINE, "        batch_size=None,  # my own words")
     commit_all(project, "my edits")
     result = update_project(project, template=new_template, version=NEW_VERSION)
     assert result.carried == moves
     assert result.conflicts == ["src/demo/loading/loader.py"]
-    merged = (project / "src/demo/engine/replicated.py").read_text()
+    merged = (project / "src/demo/shared/replicated.py").read_text()
     assert "My notes on the engine." in merged and ENGINE_FIX in merged
     conflicted = (project / "src/demo/loading/loader.py").read_text()
     assert "<<<<<<< before updating" in conflicted and LOADER_FIX in conflicted
@@ -652,17 +662,20 @@ def test_a_template_change_to_a_file_the_owner_deleted_is_listed_with_its_way_ba
     the update lists it, exits 3, and the command it prints brings the file back, fixed. A
     deleted file the template did not change is not listed and stays deleted; the file the
     template dropped goes, the one it added comes."""
-    loader = project / "src" / "demo" / "loader.py"
+    loader = project / "src" / "demo" / "loader" / "dataloaders.py"
     before = loader.read_text()
-    git(project, "rm", "--quiet", "src/demo/loader.py", "tests/test_loop.py")  # v2: loader only
+    removed = ("src/demo/loader/dataloaders.py", "tests/test_loop.py")  # v2 changed the loader only
+    git(project, "rm", "--quiet", *removed)
     git(project, "commit", "--quiet", "-m", "I load my own way and test my own loop")
     preview = update(project, new_template, "--diff")
     assert preview.returncode == 0, preview.stderr
-    assert "src/demo/loader.py" in preview.stderr and "test_loop.py" not in preview.stderr
+    assert (
+        "src/demo/loader/dataloaders.py" in preview.stderr and "test_loop.py" not in preview.stderr
+    )
     result = update(project, new_template)
     assert result.returncode == 3, result.stdout + result.stderr
     listed = [line.strip() for line in result.stderr.splitlines() if line.startswith("  ")]
-    assert listed == ["src/demo/loader.py"], result.stderr
+    assert listed == ["src/demo/loader/dataloaders.py"], result.stderr
     assert not loader.exists(), "the owner's deletion stays"
     assert not (project / "tests" / "test_loop.py").exists(), "the owner's deletion stays"
     assert not (project / "tests" / "test_optim.py").exists(), "the template dropped it"
@@ -670,10 +683,10 @@ def test_a_template_change_to_a_file_the_owner_deleted_is_listed_with_its_way_ba
     assert LOOP_FIX in (project / "src" / "demo" / "train.py").read_text(), "the rest applied"
     how = re.search(r"run in (\S+): (git checkout \S+ -- )PATH", result.stderr)
     assert how and Path(how.group(1)) == project, result.stderr
-    restore = how.group(2).split() + ["src/demo/loader.py"]
+    restore = how.group(2).split() + ["src/demo/loader/dataloaders.py"]
     subprocess.run(restore, cwd=project, check=True, capture_output=True)
     assert loader.read_text() == before.replace(LOADER_LINE, LOADER_FIX)
-    assert "A  src/demo/loader.py" in git(project, "status", "--porcelain")
+    assert "A  src/demo/loader/dataloaders.py" in git(project, "status", "--porcelain")
     usage = run_scaffold("update", "--help", cwd=project).stdout
     assert "3  updated, but the template changed files this project deleted" in usage
 
@@ -687,13 +700,17 @@ def test_a_deleted_file_comes_back_fixed_in_a_project_inside_a_larger_repository
     copy_project(rendered, project, isolated_home, with_git=False)  # `new`'s render, no git
     git(repo, "init", "--quiet")
     commit_all(repo, "a project among others")
-    git(project, "rm", "--quiet", "src/demo/loader.py")
+    git(project, "rm", "--quiet", "src/demo/loader/dataloaders.py")
     git(project, "commit", "--quiet", "-m", "no loader")
     result = update(project, new_template)
-    assert result.returncode == 3 and "  src/demo/loader.py" in result.stderr, result.stderr
+    assert result.returncode == 3 and "  src/demo/loader/dataloaders.py" in result.stderr, (
+        result.stderr
+    )
     how = re.search(r"(git checkout \S+ -- )PATH", result.stderr)
-    subprocess.run([*how.group(1).split(), "src/demo/loader.py"], cwd=project, check=True)
-    assert LOADER_FIX in (project / "src" / "demo" / "loader.py").read_text()
+    subprocess.run(
+        [*how.group(1).split(), "src/demo/loader/dataloaders.py"], cwd=project, check=True
+    )
+    assert LOADER_FIX in (project / "src" / "demo" / "loader" / "dataloaders.py").read_text()
 
 
 def test_a_new_model_size_merges_the_plan_into_train_toml_and_keeps_the_owners_values(tmp_path):
@@ -739,7 +756,10 @@ def test_diff_says_in_one_line_that_the_update_would_conflict_and_exits_1(projec
     assert result.returncode == 1, result.stdout + result.stderr
     assert "<<<<<<<" in result.stdout
     summary = result.stderr.strip().splitlines()[-1]
-    assert "would change from v0.1.0 to v0.2.0, 1 with conflicts: src/demo/train.py" in summary
+    expected = (
+        f"would change from v{__version__} to v{NEW_VERSION}, 1 with conflicts: src/demo/train.py"
+    )
+    assert expected in summary
     assert snapshot(project) == before and git(project, "status", "--porcelain") == ""
 
 
@@ -757,7 +777,7 @@ def test_update_keeps_the_template_cache_where_scaffold_cache_dir_says(
     assert LOOP_FIX in (project / "src" / "demo" / "train.py").read_text()
     assert not (home / ".cache").exists(), "the default cache was written"
     tags = git(cache / "template-repo", "tag").split()
-    assert {"v0.1.0", "v0.2.0"} <= set(tags), tags
+    assert {f"v{__version__}", f"v{NEW_VERSION}"} <= set(tags), tags
     assert (
         "_src_path: ~/.cache/scaffold/template-repo"
         in (project / ".copier-answers.yml").read_text()

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from accelerate_cpu_single_fp32 import preflight
 from accelerate_cpu_single_fp32.engine import PRECISION
 from accelerate_cpu_single_fp32.planned import Allocation
-from accelerate_cpu_single_fp32.preflight_checks import (
+from accelerate_cpu_single_fp32.preflight import command as preflight
+from accelerate_cpu_single_fp32.preflight.checks import (
     CHECK_FAILED,
     FAIL,
     PASS,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The preflight check (src/accelerate_cuda_ddp_bf16/preflight.py), started as the run is:
+# The preflight check (src/accelerate_cuda_ddp_bf16/preflight/), started as the run is:
 #   bash launch/preflight.sh [key=value ...] [--resume] [--no-step] [--timeout S]
 # `accelerate launch` with launch/accelerate_config.yaml, as launch/accelerate.sh starts the
 # run; extra launcher flags go first through ACCELERATE_ARGS (e.g. "--num_processes 2").

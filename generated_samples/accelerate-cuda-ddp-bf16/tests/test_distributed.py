@@ -29,8 +29,8 @@ from accelerate_cuda_ddp_bf16.data import build_datasets
 from accelerate_cuda_ddp_bf16.engine import COMPUTE_DTYPE
 from accelerate_cuda_ddp_bf16.model import build_model
 from accelerate_cuda_ddp_bf16.preflight import main as preflight_main
-from accelerate_cuda_ddp_bf16.preflight_checks import CHECK_FAILED, FAIL, PASS, RANKS_MISSING, SKIP
-from accelerate_cuda_ddp_bf16.preflight_facts import run_folder_conflict
+from accelerate_cuda_ddp_bf16.preflight.checks import CHECK_FAILED, FAIL, PASS, RANKS_MISSING, SKIP
+from accelerate_cuda_ddp_bf16.preflight.facts import run_folder_conflict
 from accelerate_cuda_ddp_bf16.runtime import init_runtime
 from accelerate_cuda_ddp_bf16.train import Trainer
 from accelerate_cuda_ddp_bf16.train import main as train_main

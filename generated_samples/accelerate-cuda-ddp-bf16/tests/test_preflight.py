@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from accelerate_cuda_ddp_bf16 import preflight
 from accelerate_cuda_ddp_bf16.engine import PRECISION
 from accelerate_cuda_ddp_bf16.planned import Allocation
-from accelerate_cuda_ddp_bf16.preflight_checks import (
+from accelerate_cuda_ddp_bf16.preflight import command as preflight
+from accelerate_cuda_ddp_bf16.preflight.checks import (
     CHECK_FAILED,
     FAIL,
     PASS,

@@ -17,8 +17,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from cpu_ddp_fp32 import preflight, preflight_facts, train
+from cpu_ddp_fp32 import train
 from cpu_ddp_fp32.config import load_config
+from cpu_ddp_fp32.preflight import command as preflight
+from cpu_ddp_fp32.preflight import facts as preflight_facts
 from cpu_ddp_fp32.runtime import init_runtime, shutdown_runtime
 from cpu_ddp_fp32.train import Trainer
 

@@ -1,5 +1,5 @@
-"""build.py: the model built on the meta device gets the same weights from the same seed however
-it is stored, and activation checkpointing keeps the gradients while it keeps fewer
+"""engine/build.py: the model built on the meta device gets the same weights from the same seed
+however it is stored, and activation checkpointing keeps the gradients while it keeps fewer
 activations."""
 
 from __future__ import annotations
@@ -12,17 +12,17 @@ import pytest
 import torch
 from torch import nn
 
-from cpu_ddp_fp32 import build as build_module
-from cpu_ddp_fp32.build import (
+from cpu_ddp_fp32.checkpoint import seed_all
+from cpu_ddp_fp32.data import build_datasets
+from cpu_ddp_fp32.engine import build as build_module
+from cpu_ddp_fp32.engine import (
     build_on_meta,
     checkpoint_units,
     init_weights,
     is_on_meta,
     materialize,
 )
-from cpu_ddp_fp32.data import build_datasets
 from cpu_ddp_fp32.model import build_model
-from cpu_ddp_fp32.resume import seed_all
 from cpu_ddp_fp32.task import EXPECTED_INITIAL_LOSS, loss_fn
 
 
@@ -38,10 +38,10 @@ def weights(model: nn.Module) -> dict[str, torch.Tensor]:
 @pytest.fixture
 def meta_model(config) -> nn.Module:
     """The model on the meta device; a model of your own without `init_tensor` is built whole
-    instead (build.py), and these tests of the meta path do not apply to it."""
+    instead (engine/build.py), and these tests of the meta path do not apply to it."""
     model = build_on_meta(config)
     if not is_on_meta(model):
-        pytest.skip("model.py's model has no init_tensor: build.py builds it whole")
+        pytest.skip("model.py's model has no init_tensor: engine/build.py builds it whole")
     return model
 
 

@@ -29,8 +29,8 @@ from cpu_ddp_fp32.data import build_datasets
 from cpu_ddp_fp32.engine import COMPUTE_DTYPE
 from cpu_ddp_fp32.model import build_model
 from cpu_ddp_fp32.preflight import main as preflight_main
-from cpu_ddp_fp32.preflight_checks import CHECK_FAILED, FAIL, PASS, RANKS_MISSING, SKIP
-from cpu_ddp_fp32.preflight_facts import run_folder_conflict
+from cpu_ddp_fp32.preflight.checks import CHECK_FAILED, FAIL, PASS, RANKS_MISSING, SKIP
+from cpu_ddp_fp32.preflight.facts import run_folder_conflict
 from cpu_ddp_fp32.runtime import init_runtime
 from cpu_ddp_fp32.train import Trainer
 from cpu_ddp_fp32.train import main as train_main

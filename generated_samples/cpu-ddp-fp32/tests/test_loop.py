@@ -9,11 +9,11 @@ import dataclasses
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from cpu_ddp_fp32 import engine as engine_module
+from cpu_ddp_fp32.checkpoint import seed_all
 from cpu_ddp_fp32.data import build_datasets
 from cpu_ddp_fp32.engine import Engine
+from cpu_ddp_fp32.engine import strategy as engine_module
 from cpu_ddp_fp32.model import build_model
-from cpu_ddp_fp32.resume import seed_all
 from cpu_ddp_fp32.runtime import init_runtime
 from cpu_ddp_fp32.task import loss_fn
 from cpu_ddp_fp32.train import train_step

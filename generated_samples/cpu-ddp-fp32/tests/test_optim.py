@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 from cpu_ddp_fp32.model import build_model
-from cpu_ddp_fp32.optim import WarmupCosine, build_optimizer, build_scheduler
 from cpu_ddp_fp32.runtime import init_runtime
 from cpu_ddp_fp32.train import Trainer
+from cpu_ddp_fp32.training import WarmupCosine, build_optimizer, build_scheduler
 
 NORMS = (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d)
 

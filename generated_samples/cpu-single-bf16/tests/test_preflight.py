@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cpu_single_bf16 import preflight
 from cpu_single_bf16.engine import PRECISION
 from cpu_single_bf16.planned import Allocation
-from cpu_single_bf16.preflight_checks import (
+from cpu_single_bf16.preflight import command as preflight
+from cpu_single_bf16.preflight.checks import (
     CHECK_FAILED,
     FAIL,
     PASS,

@@ -29,8 +29,8 @@ from cuda_ddp_bf16.data import build_datasets
 from cuda_ddp_bf16.engine import COMPUTE_DTYPE
 from cuda_ddp_bf16.model import build_model
 from cuda_ddp_bf16.preflight import main as preflight_main
-from cuda_ddp_bf16.preflight_checks import CHECK_FAILED, FAIL, PASS, RANKS_MISSING, SKIP
-from cuda_ddp_bf16.preflight_facts import run_folder_conflict
+from cuda_ddp_bf16.preflight.checks import CHECK_FAILED, FAIL, PASS, RANKS_MISSING, SKIP
+from cuda_ddp_bf16.preflight.facts import run_folder_conflict
 from cuda_ddp_bf16.runtime import init_runtime
 from cuda_ddp_bf16.train import Trainer
 from cuda_ddp_bf16.train import main as train_main

@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from cuda_ddp_bf16 import engine as engine_module
+from cuda_ddp_bf16.checkpoint import seed_all
 from cuda_ddp_bf16.data import build_datasets
 from cuda_ddp_bf16.engine import Engine
+from cuda_ddp_bf16.engine import strategy as engine_module
 from cuda_ddp_bf16.model import build_model
-from cuda_ddp_bf16.resume import seed_all
 from cuda_ddp_bf16.runtime import init_runtime
 from cuda_ddp_bf16.task import loss_fn
 from cuda_ddp_bf16.train import train_step

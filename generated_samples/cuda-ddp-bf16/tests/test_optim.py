@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 from cuda_ddp_bf16.model import build_model
-from cuda_ddp_bf16.optim import WarmupCosine, build_optimizer, build_scheduler
 from cuda_ddp_bf16.runtime import init_runtime
 from cuda_ddp_bf16.train import Trainer
+from cuda_ddp_bf16.training import WarmupCosine, build_optimizer, build_scheduler
 
 NORMS = (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d)
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cuda_single_bf16 import preflight
 from cuda_single_bf16.engine import PRECISION
 from cuda_single_bf16.planned import Allocation
-from cuda_single_bf16.preflight_checks import (
+from cuda_single_bf16.preflight import command as preflight
+from cuda_single_bf16.preflight.checks import (
     CHECK_FAILED,
     FAIL,
     PASS,

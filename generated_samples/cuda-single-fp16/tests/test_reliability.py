@@ -16,17 +16,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from cuda_single_fp16 import loader
 from cuda_single_fp16.checkpoint import TRAINER_FILE, find_latest, step_folders
 from cuda_single_fp16.config import Config, load_config, parse_command_line
 from cuda_single_fp16.data import build_datasets
 from cuda_single_fp16.engine import Engine
-from cuda_single_fp16.preemption import PREEMPTED_EXIT_CODE, Preempted
-from cuda_single_fp16.run_folder import NotARunFolder, holds_a_run, mark_as_a_run
+from cuda_single_fp16.loader import dataloaders as loader
 from cuda_single_fp16.runtime import init_runtime
 from cuda_single_fp16.state_io import atomic_save
 from cuda_single_fp16.train import Trainer, main, train_step
-from cuda_single_fp16.validation import evaluate
+from cuda_single_fp16.training import (
+    PREEMPTED_EXIT_CODE,
+    NotARunFolder,
+    Preempted,
+    evaluate,
+    holds_a_run,
+    mark_as_a_run,
+)
 
 from conftest import (
     PROJECT_ROOT,

@@ -17,8 +17,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from cuda_zero1_bf16 import preflight, preflight_facts, train
+from cuda_zero1_bf16 import train
 from cuda_zero1_bf16.config import load_config
+from cuda_zero1_bf16.preflight import command as preflight
+from cuda_zero1_bf16.preflight import facts as preflight_facts
 from cuda_zero1_bf16.runtime import init_runtime, shutdown_runtime
 from cuda_zero1_bf16.train import Trainer
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from cuda_zero1_bf16.deepspeed_zero import DS_CONFIG_PATH, load_ds_config
+from cuda_zero1_bf16.engine.deepspeed_zero import DS_CONFIG_PATH, load_ds_config
 
 
 def test_the_rendered_config_loads_with_the_runs_settings(config):

@@ -1,4 +1,4 @@
-"""host_memory.py: on glibc, the memory a step frees stays mapped for the next step, so the
+"""engine/host_memory.py: on glibc, the memory a step frees stays mapped for the next step, so the
 next step faults no pages in; a launcher's own allocator choice is left alone."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from cuda_zero2_bf16.host_memory import keep_freed_memory
+from cuda_zero2_bf16.engine import keep_freed_memory
 
 from conftest import training_env
 
@@ -17,7 +17,7 @@ from conftest import training_env
 # at its end. Prints the minor page faults per step after two warm-up steps.
 PROBE = """
 import resource, sys
-from cuda_zero2_bf16.host_memory import keep_freed_memory
+from cuda_zero2_bf16.engine import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
 def step():

@@ -115,7 +115,7 @@ def test_reports_switched_off_leave_no_file_behind(config):
     summary = Trainer(config, init_runtime("cpu")).fit()
     written = {path.name for path in Path(config.run_dir).iterdir()}
     basics = {"checkpoints", "config.json", "metrics.jsonl", "summary.json", "summary.md"}
-    basics.add(".lock")  # run_folder.py: one run at a time in a folder
+    basics.add(".lock")  # training/run_folder.py: one run at a time in a folder
     basics |= set(getattr(config, "task_run_files", dict)())  # what the task's weights need
     assert written == basics | {LAST_WEIGHTS_FILE}  # no validation: no best weights
     # Nothing is known of the metrics before a validation: JSON has no NaN, so null.

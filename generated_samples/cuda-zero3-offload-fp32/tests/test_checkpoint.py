@@ -13,20 +13,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from cuda_zero3_offload_fp32 import checkpoint as checkpoint_module
 from cuda_zero3_offload_fp32.checkpoint import (
     COMPLETE_MARKER,
     TRAINER_FILE,
     CheckpointManager,
+    derived_seed,
     find_latest,
+    split_global_batch,
     step_folders,
 )
+from cuda_zero3_offload_fp32.checkpoint import store as checkpoint_module
 from cuda_zero3_offload_fp32.config import Config
-from cuda_zero3_offload_fp32.progress import TrainState
-from cuda_zero3_offload_fp32.resume import derived_seed, split_global_batch
 from cuda_zero3_offload_fp32.runtime import init_runtime
 from cuda_zero3_offload_fp32.state_io import atomic_save, full_disk_exits
 from cuda_zero3_offload_fp32.train import Trainer
+from cuda_zero3_offload_fp32.training import TrainState
 
 from conftest import config_for_tests, exported_weights
 

@@ -29,8 +29,8 @@ from cuda_zero3_offload_fp32.data import build_datasets
 from cuda_zero3_offload_fp32.engine import COMPUTE_DTYPE
 from cuda_zero3_offload_fp32.model import build_model
 from cuda_zero3_offload_fp32.preflight import main as preflight_main
-from cuda_zero3_offload_fp32.preflight_checks import CHECK_FAILED, FAIL, PASS, RANKS_MISSING, SKIP
-from cuda_zero3_offload_fp32.preflight_facts import run_folder_conflict
+from cuda_zero3_offload_fp32.preflight.checks import CHECK_FAILED, FAIL, PASS, RANKS_MISSING, SKIP
+from cuda_zero3_offload_fp32.preflight.facts import run_folder_conflict
 from cuda_zero3_offload_fp32.runtime import init_runtime
 from cuda_zero3_offload_fp32.train import Trainer
 from cuda_zero3_offload_fp32.train import main as train_main

@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from cuda_zero3_offload_fp32 import engine as engine_module
+from cuda_zero3_offload_fp32.checkpoint import seed_all
 from cuda_zero3_offload_fp32.data import build_datasets
 from cuda_zero3_offload_fp32.engine import Engine
+from cuda_zero3_offload_fp32.engine import strategy as engine_module
 from cuda_zero3_offload_fp32.model import build_model
-from cuda_zero3_offload_fp32.resume import seed_all
 from cuda_zero3_offload_fp32.runtime import init_runtime
 from cuda_zero3_offload_fp32.task import loss_fn
 from cuda_zero3_offload_fp32.train import train_step

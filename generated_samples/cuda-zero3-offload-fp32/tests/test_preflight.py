@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cuda_zero3_offload_fp32 import preflight
 from cuda_zero3_offload_fp32.engine import PRECISION
 from cuda_zero3_offload_fp32.planned import Allocation
-from cuda_zero3_offload_fp32.preflight_checks import (
+from cuda_zero3_offload_fp32.preflight import command as preflight
+from cuda_zero3_offload_fp32.preflight.checks import (
     CHECK_FAILED,
     FAIL,
     PASS,

@@ -16,8 +16,7 @@ import pytest
 from cuda_zero3_offload_fp32.config import load_config
 from cuda_zero3_offload_fp32.plot import main as plot_main
 from cuda_zero3_offload_fp32.plot import write_plot
-from cuda_zero3_offload_fp32.report import keep_records_up_to
-from cuda_zero3_offload_fp32.trackers import TensorBoardTracker, open_trackers
+from cuda_zero3_offload_fp32.report import TensorBoardTracker, keep_records_up_to, open_trackers
 from cuda_zero3_offload_fp32.train import Trainer
 
 from conftest import PROJECT_ROOT, assert_loss_curve_png, tensorboard_scalars

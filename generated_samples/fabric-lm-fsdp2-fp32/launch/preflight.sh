@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The preflight check (src/fabric_lm_fsdp2_fp32/preflight.py), started as the run is:
+# The preflight check (src/fabric_lm_fsdp2_fp32/preflight/), started as the run is:
 #   bash launch/preflight.sh [key=value ...] [--resume] [--no-step] [--timeout S]
 # One node as launch/torchrun.sh starts it (NPROC_PER_NODE overrides the process count); with
 # HEAD_NODE set, on every node as launch/multinode.sh (NNODES, PORT and RUN_ID too).

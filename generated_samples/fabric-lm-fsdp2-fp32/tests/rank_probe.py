@@ -21,8 +21,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from fabric_lm_fsdp2_fp32 import preflight, preflight_facts, train
+from fabric_lm_fsdp2_fp32 import train
 from fabric_lm_fsdp2_fp32.config import load_config
+from fabric_lm_fsdp2_fp32.preflight import command as preflight
+from fabric_lm_fsdp2_fp32.preflight import facts as preflight_facts
 from fabric_lm_fsdp2_fp32.runtime import Runtime, init_runtime, shutdown_runtime
 from fabric_lm_fsdp2_fp32.task import IGNORE_INDEX, micro_batch_weights
 from fabric_lm_fsdp2_fp32.train import Trainer

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fabric_lm_fsdp2_fp32 import preflight
 from fabric_lm_fsdp2_fp32.engine import PRECISION
 from fabric_lm_fsdp2_fp32.planned import Allocation
-from fabric_lm_fsdp2_fp32.preflight_checks import (
+from fabric_lm_fsdp2_fp32.preflight import command as preflight
+from fabric_lm_fsdp2_fp32.preflight.checks import (
     CHECK_FAILED,
     FAIL,
     PASS,

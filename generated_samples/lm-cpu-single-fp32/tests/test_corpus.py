@@ -1,4 +1,4 @@
-"""prepare.py, corpus.py and generate.py on corpora the tests write: token shards and their
+"""prepare.py, corpus/shards.py and generate.py on corpora the tests write: token shards and their
 manifest, a re-run that does nothing, a changed source, an interrupted or killed prepare,
 every source kind (text, jsonl, parquet, compressed), text that is not UTF-8, bad records,
 documents of any size read in bounded pieces and large files in many jobs, the tokenizers,
@@ -30,16 +30,26 @@ from safetensors.torch import save_file
 from torch import nn
 
 from lm_cpu_single_fp32 import prepare as prepare_module
-from lm_cpu_single_fp32 import prepare_jobs, survey
-from lm_cpu_single_fp32.corpus import MANIFEST, Codec, Manifest, TokenWindows, read_manifest
+from lm_cpu_single_fp32.corpus import (
+    MANIFEST,
+    PIECE_CHARS,
+    Codec,
+    Manifest,
+    Span,
+    TokenWindows,
+    find_sources,
+    read_manifest,
+    read_pieces,
+    survey,
+    text_layout,
+)
+from lm_cpu_single_fp32.corpus import jobs as prepare_jobs
 from lm_cpu_single_fp32.data import build_datasets
-from lm_cpu_single_fp32.documents import PIECE_CHARS, Span, read_pieces, text_layout
 from lm_cpu_single_fp32.generate import generate
 from lm_cpu_single_fp32.generate import main as generate_main
 from lm_cpu_single_fp32.model import build_model
 from lm_cpu_single_fp32.prepare import Options, main, prepare, remove_stale_scratch
 from lm_cpu_single_fp32.runtime import init_runtime
-from lm_cpu_single_fp32.sources import find_sources
 from lm_cpu_single_fp32.train import Trainer
 
 HINT = "run prepare"

@@ -11,16 +11,16 @@ import math
 import pytest
 import torch
 
+from lm_cpu_single_fp32.checkpoint import seed_all
 from lm_cpu_single_fp32.config import load_config, parse_param_count
 from lm_cpu_single_fp32.data import build_datasets
 from lm_cpu_single_fp32.engine import Engine
 from lm_cpu_single_fp32.generate import generate
 from lm_cpu_single_fp32.model import build_model
-from lm_cpu_single_fp32.optim import build_optimizer, build_scheduler
-from lm_cpu_single_fp32.resume import seed_all
 from lm_cpu_single_fp32.runtime import init_runtime
 from lm_cpu_single_fp32.task import EXPECTED_INITIAL_LOSS, SUMS, eval_sums, loss_fn
 from lm_cpu_single_fp32.train import train_step
+from lm_cpu_single_fp32.training import build_optimizer, build_scheduler
 
 
 def one_batch(config, size: int) -> tuple[torch.Tensor, torch.Tensor]:

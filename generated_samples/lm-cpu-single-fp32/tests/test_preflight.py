@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lm_cpu_single_fp32 import preflight
 from lm_cpu_single_fp32.engine import PRECISION
 from lm_cpu_single_fp32.planned import Allocation
-from lm_cpu_single_fp32.preflight_checks import (
+from lm_cpu_single_fp32.preflight import command as preflight
+from lm_cpu_single_fp32.preflight.checks import (
     CHECK_FAILED,
     FAIL,
     PASS,

@@ -14,20 +14,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from lm_ddp_bf16 import checkpoint as checkpoint_module
 from lm_ddp_bf16.checkpoint import (
     COMPLETE_MARKER,
     TRAINER_FILE,
     CheckpointManager,
+    derived_seed,
     find_latest,
+    split_global_batch,
     step_folders,
 )
+from lm_ddp_bf16.checkpoint import store as checkpoint_module
 from lm_ddp_bf16.config import Config
-from lm_ddp_bf16.progress import TrainState
-from lm_ddp_bf16.resume import derived_seed, split_global_batch
 from lm_ddp_bf16.runtime import init_runtime
 from lm_ddp_bf16.state_io import atomic_save, full_disk_exits
 from lm_ddp_bf16.train import Trainer
+from lm_ddp_bf16.training import TrainState
 
 from conftest import config_for_tests, exported_weights
 

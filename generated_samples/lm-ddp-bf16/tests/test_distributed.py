@@ -29,8 +29,8 @@ from lm_ddp_bf16.data import build_datasets
 from lm_ddp_bf16.engine import COMPUTE_DTYPE
 from lm_ddp_bf16.model import build_model
 from lm_ddp_bf16.preflight import main as preflight_main
-from lm_ddp_bf16.preflight_checks import CHECK_FAILED, FAIL, PASS, RANKS_MISSING, SKIP
-from lm_ddp_bf16.preflight_facts import run_folder_conflict
+from lm_ddp_bf16.preflight.checks import CHECK_FAILED, FAIL, PASS, RANKS_MISSING, SKIP
+from lm_ddp_bf16.preflight.facts import run_folder_conflict
 from lm_ddp_bf16.runtime import init_runtime
 from lm_ddp_bf16.train import Trainer
 from lm_ddp_bf16.train import main as train_main

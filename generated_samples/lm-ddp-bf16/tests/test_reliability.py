@@ -16,18 +16,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from lm_ddp_bf16 import loader
 from lm_ddp_bf16.checkpoint import TRAINER_FILE, find_latest, step_folders
 from lm_ddp_bf16.config import Config, load_config, parse_command_line
 from lm_ddp_bf16.data import build_datasets
 from lm_ddp_bf16.engine import Engine
-from lm_ddp_bf16.preemption import PREEMPTED_EXIT_CODE, Preempted
-from lm_ddp_bf16.run_folder import NotARunFolder, holds_a_run, mark_as_a_run
+from lm_ddp_bf16.loader import dataloaders as loader
 from lm_ddp_bf16.runtime import init_runtime
 from lm_ddp_bf16.state_io import atomic_save
 from lm_ddp_bf16.task_config import TaskConfig
 from lm_ddp_bf16.train import Trainer, main, train_step
-from lm_ddp_bf16.validation import evaluate
+from lm_ddp_bf16.training import (
+    PREEMPTED_EXIT_CODE,
+    NotARunFolder,
+    Preempted,
+    evaluate,
+    holds_a_run,
+    mark_as_a_run,
+)
 
 from conftest import (
     PROJECT_ROOT,

@@ -29,8 +29,8 @@ from lm_fsdp2_bf16.data import build_datasets
 from lm_fsdp2_bf16.engine import COMPUTE_DTYPE
 from lm_fsdp2_bf16.model import build_model
 from lm_fsdp2_bf16.preflight import main as preflight_main
-from lm_fsdp2_bf16.preflight_checks import CHECK_FAILED, FAIL, PASS, RANKS_MISSING, SKIP
-from lm_fsdp2_bf16.preflight_facts import run_folder_conflict
+from lm_fsdp2_bf16.preflight.checks import CHECK_FAILED, FAIL, PASS, RANKS_MISSING, SKIP
+from lm_fsdp2_bf16.preflight.facts import run_folder_conflict
 from lm_fsdp2_bf16.runtime import init_runtime
 from lm_fsdp2_bf16.train import Trainer
 from lm_fsdp2_bf16.train import main as train_main
@@ -412,8 +412,8 @@ def test_every_rank_ran_what_was_rendered_and_ends_with_identical_parameters(two
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="reads Linux's /proc")
 def test_each_rank_allocates_its_shards_of_a_300m_model_never_all_of_it(tmp_path, scratch):
     """The model is built on the meta device, sharded, then each rank allocates and initialises
-    its shards one parameter at a time (build.py): its peak resident memory grows by about half
-    the model's fp32 size on 2 ranks, where building it whole first would cost all of it."""
+    its shards one parameter at a time (engine/build.py): its peak resident memory grows by about
+    half the model's fp32 size on 2 ranks, where building it whole first would cost all of it."""
     config = PROJECT_ROOT / "configs" / "train.toml"
     argv = ["--setup-only", str(config), str(tmp_path), *TEST_OVERRIDES, "model_size=300M"]
     wait_for_ranks(start_ranks(rank_probe.run_from_command_line, 2, *argv, scratch=scratch), 600)

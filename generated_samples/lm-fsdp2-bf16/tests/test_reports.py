@@ -16,8 +16,7 @@ import pytest
 from lm_fsdp2_bf16.config import load_config
 from lm_fsdp2_bf16.plot import main as plot_main
 from lm_fsdp2_bf16.plot import write_plot
-from lm_fsdp2_bf16.report import keep_records_up_to
-from lm_fsdp2_bf16.trackers import TensorBoardTracker, open_trackers
+from lm_fsdp2_bf16.report import TensorBoardTracker, keep_records_up_to, open_trackers
 from lm_fsdp2_bf16.train import Trainer
 
 from conftest import PROJECT_ROOT, assert_loss_curve_png, tensorboard_scalars

@@ -17,8 +17,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from lm_zero3_bf16 import preflight, preflight_facts, train
+from lm_zero3_bf16 import train
 from lm_zero3_bf16.config import load_config
+from lm_zero3_bf16.preflight import command as preflight
+from lm_zero3_bf16.preflight import facts as preflight_facts
 from lm_zero3_bf16.runtime import Runtime, init_runtime, shutdown_runtime
 from lm_zero3_bf16.task import IGNORE_INDEX, micro_batch_weights
 from lm_zero3_bf16.train import Trainer

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lm_zero3_bf16 import preflight
 from lm_zero3_bf16.engine import PRECISION
 from lm_zero3_bf16.planned import Allocation
-from lm_zero3_bf16.preflight_checks import (
+from lm_zero3_bf16.preflight import command as preflight
+from lm_zero3_bf16.preflight.checks import (
     CHECK_FAILED,
     FAIL,
     PASS,

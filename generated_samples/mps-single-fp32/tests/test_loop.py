@@ -10,15 +10,15 @@ import pytest
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from mps_single_fp32 import engine as engine_module
+from mps_single_fp32.checkpoint import seed_all
 from mps_single_fp32.data import build_datasets
 from mps_single_fp32.engine import Engine
+from mps_single_fp32.engine import strategy as engine_module
 from mps_single_fp32.model import build_model
-from mps_single_fp32.optim import build_scheduler
-from mps_single_fp32.resume import seed_all
 from mps_single_fp32.runtime import init_runtime
 from mps_single_fp32.task import loss_fn
 from mps_single_fp32.train import train_step
+from mps_single_fp32.training import build_scheduler
 
 NO_CLIP = 1e9
 

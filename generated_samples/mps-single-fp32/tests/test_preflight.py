@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mps_single_fp32 import preflight
 from mps_single_fp32.engine import PRECISION
 from mps_single_fp32.planned import Allocation
-from mps_single_fp32.preflight_checks import (
+from mps_single_fp32.preflight import command as preflight
+from mps_single_fp32.preflight.checks import (
     CHECK_FAILED,
     FAIL,
     PASS,

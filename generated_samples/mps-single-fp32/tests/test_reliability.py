@@ -16,17 +16,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from mps_single_fp32 import loader
 from mps_single_fp32.checkpoint import TRAINER_FILE, find_latest, step_folders
 from mps_single_fp32.config import Config, load_config, parse_command_line
 from mps_single_fp32.data import build_datasets
 from mps_single_fp32.engine import Engine
-from mps_single_fp32.preemption import PREEMPTED_EXIT_CODE, Preempted
-from mps_single_fp32.run_folder import NotARunFolder, holds_a_run, mark_as_a_run
+from mps_single_fp32.loader import dataloaders as loader
 from mps_single_fp32.runtime import init_runtime
 from mps_single_fp32.state_io import atomic_save
 from mps_single_fp32.train import Trainer, main, train_step
-from mps_single_fp32.validation import evaluate
+from mps_single_fp32.training import (
+    PREEMPTED_EXIT_CODE,
+    NotARunFolder,
+    Preempted,
+    evaluate,
+    holds_a_run,
+    mark_as_a_run,
+)
 
 from conftest import (
     PROJECT_ROOT,

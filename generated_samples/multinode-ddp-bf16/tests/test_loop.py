@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from multinode_ddp_bf16 import engine as engine_module
+from multinode_ddp_bf16.checkpoint import seed_all
 from multinode_ddp_bf16.data import build_datasets
 from multinode_ddp_bf16.engine import Engine
+from multinode_ddp_bf16.engine import strategy as engine_module
 from multinode_ddp_bf16.model import build_model
-from multinode_ddp_bf16.resume import seed_all
 from multinode_ddp_bf16.runtime import init_runtime
 from multinode_ddp_bf16.task import loss_fn
 from multinode_ddp_bf16.train import train_step

@@ -23,7 +23,7 @@ class TaskConfig:
     warmup_steps: int = 40
     weight_decay: float = 0.05
     early_stop_patience: int = 5
-    # data settings a resume must keep (resume.py): they fix what the checkpoint trained on
+    # data settings a resume must keep (checkpoint/resume.py): they fix what a checkpoint trained on
     task_resume_keys: ClassVar[tuple[str, ...]] = ("val_fraction",)
 
     def task_problems(self) -> list[str]:

@@ -10,6 +10,7 @@ import gc
 import math
 import multiprocessing
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -33,6 +34,11 @@ from tqdm import tqdm
 # of every process's server start (a 2-process run with workers, resumed: 25 s -> 12 s).
 WORKER_CONTEXT = multiprocessing.get_context("forkserver")
 WORKER_CONTEXT.set_forkserver_preload([f"{__package__}.loader", f"{__package__}.data"])
+
+# What a launcher or scheduler sends to stop a job: SIGTERM (kill, Kubernetes and most launchers)
+# and SIGUSR1 (SLURM's `--signal=USR1@120`, ahead of a time limit or a preemption). The training
+# process turns either into a checkpoint (training/preemption.py); DataLoader workers ignore them.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 @dataclass(frozen=True)

@@ -17,24 +17,24 @@ import torch
 from torch import Tensor
 from torch.optim.lr_scheduler import LRScheduler
 
-from .build import build_on_meta
-from .checkpoint import CheckpointManager
-from .checkpointer import Checkpointer
+from .checkpoint import (
+    Checkpointer,
+    CheckpointManager,
+    enter_run_folder,
+    fit_to_checkpoint,
+    seed_all,
+    start_or_resume,
+    starting_state,
+)
 from .config import Config, parse_command_line, user_errors
 from .data import build_datasets
-from .engine import Engine
-from .host_memory import keep_freed_memory
+from .engine import Engine, build_on_meta, keep_freed_memory
 from .loader import make_eval_loader, make_train_loader
-from .optim import build_optimizer, build_scheduler
-from .profiling import ProfileWindow
-from .report import RunLog
-from .resume import enter_run_folder, fit_to_checkpoint, seed_all, start_or_resume, starting_state
+from .report import ProfileWindow, RunLog, finish_run
 from .runtime import Runtime, init_runtime, shutdown_runtime
-from .safeguards import Safeguards
 from .state_io import full_disk_exits
-from .summary import finish_run
 from .task import loss_fn, micro_batch_weights
-from .validation import evaluate
+from .training import Safeguards, build_optimizer, build_scheduler, evaluate
 
 
 def train_step(
@@ -94,7 +94,7 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train until the run's length, early stopping or `stop_after_steps`; return the run
         summary. Raises Preempted (a stop signal) or FloatingPointError (inf/NaN), see
-        safeguards.py."""
+        training/safeguards.py."""
         config, state = self.config, self.state
         if not state.finished(config):  # a resumed run that had ended records nothing
             self.log.start_run(state, self.resumed_from)
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with user_errors():
             trainer = Trainer(config, runtime, resume)
         with full_disk_exits():  # one line that says where, and what to free
-            return trainer.fit()  # a stop signal exits with PREEMPTED_EXIT_CODE (preemption.py)
+            return trainer.fit()  # a stop signal exits with 75 (training/preemption.py)
     finally:  # fit closed the log on every way out
         trainer = None  # free the wrapper's communication hooks before the process group goes
         shutdown_runtime(runtime)

@@ -33,12 +33,12 @@ class Config(TaskConfig):
     three hooks, which a task without them does without: `task_max_steps(samples_per_step)`
     (its budget in optimizer steps, 0 for none), `task_data_change(saved_config, run_dir)`
     (how its data differs from a checkpoint's, in words, and why a run may not go on with it;
-    None when it does not: resume.py) and `task_run_files()` (files a run keeps in its
-    folder, by name: report.py).
+    None when it does not: checkpoint/resume.py) and `task_run_files()` (files a run keeps in its
+    folder, by name: report/run_log.py).
     `tensorboard`, `logger`, `plot` and `profile_steps` choose what a run writes besides
-    metrics.jsonl and its checkpoints (see report.py and summary.py).
+    metrics.jsonl and its checkpoints (see report/run_log.py and report/summary.py).
     `activation_checkpointing` recomputes each of the model's shard units in backward instead
-    of keeping its activations (build.py).
+    of keeping its activations (engine/build.py).
 
     Raises:
         ValueError: a value outside its range; the message names the key.

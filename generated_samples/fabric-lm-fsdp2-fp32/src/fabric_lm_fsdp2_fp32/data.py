@@ -1,6 +1,6 @@
 """The example data of a language model: a corpus prepared into token shards (`prepare.py`),
-read as memory-mapped windows (`corpus.py`). Out of the box, the Python standard library's own
-source, prepared offline into `data_dir` at the first run.
+read as memory-mapped windows (`corpus/shards.py`). Out of the box, the Python standard
+library's own source, prepared offline into `data_dir` at the first run.
 
 This file is yours: replace the data with your own; `scaffold update` leaves it alone. What the
 rest of the project needs from it (`train.py` imports nothing else from here):

@@ -4,7 +4,7 @@ SOURCES are files, folders (searched recursively; their files of other kinds are
 counted) or glob patterns of text files (`.txt`, `.md`, `.rst`, `.py`, `.text`), JSON lines
 (`.jsonl`: one document per line, its `--text-key` field) and parquet files (the `--text-key`
 column); text and JSON lines may be compressed (`.gz`, `.zst`). Text files are cut into
-documents at line breaks (`--document-bytes`; documents.py). The tokenizer is `bytes` (one
+documents at line breaks (`--document-bytes`; corpus/documents.py). The tokenizer is `bytes` (one
 token per byte), `bpe` (a byte-level BPE of `--vocab-size` tokens trained on the first
 `--tokenizer-sample-bytes` of the sources, with HF `tokenizers`) or the path of a
 `tokenizer.json` (a GPT-2 or Llama tokenizer you have on disk). Every document is followed by
@@ -16,13 +16,14 @@ one is named for such files) or holds NUL characters is refused by name, and so 
 or parquet row that holds no text, before anything is encoded; `--skip-bad-files` and
 `--skip-bad-records` leave them out instead, counted in the output and the manifest.
 
-It runs in phases, each printed with its time: survey the sources (survey.py: every file read
-once through, in parallel), train the BPE, encode (in `--workers` processes; jobs of a few MiB,
-so that one large file uses every core) and write the shards. Memory is bounded whatever the
-size of a document or of the corpus (documents.py's pieces). The result is corpus.py's: flat
-token shards (`uint16` where the vocabulary fits, else `uint32`) and `manifest.json`, written
-in a temporary folder that replaces DIR only once complete. A Ctrl-C or SIGTERM stops it at
-once, its workers ended and DIR as it was; the next prepare removes what it left. A re-run on
+It runs in phases, each printed with its time: survey the sources (corpus/survey.py: every
+file read once through, in parallel), train the BPE, encode (in `--workers` processes; jobs of
+a few MiB, so that one large file uses every core) and write the shards. Memory is bounded
+whatever the size of a document or of the corpus (corpus/documents.py's pieces). The result is
+corpus/shards.py's: flat token shards (`uint16` where the vocabulary fits, else `uint32`) and
+`manifest.json`, written in a temporary folder that replaces DIR only once complete. A Ctrl-C
+or SIGTERM stops it at once, its workers ended and DIR as it was; the next prepare removes what
+it left. A re-run on
 unchanged sources (sizes and modification times) with the same settings does nothing.
 """
 
@@ -50,7 +51,9 @@ import numpy as np
 from tqdm import tqdm
 
 from .config import Config, command_parser, load_config, user_errors
-from .corpus import (
+from .corpus.documents import check_encoding
+from .corpus.jobs import Job, Settings, Workers, encode_job, make_jobs, part_file, train_bpe
+from .corpus.shards import (
     BYTE_VOCABULARY,
     CHUNK_BYTES,
     DTYPES,
@@ -64,11 +67,9 @@ from .corpus import (
     file_sha256,
     manifest_at,
 )
-from .documents import check_encoding
-from .prepare_jobs import Job, Settings, Workers, encode_job, make_jobs, part_file, train_bpe
-from .sources import Sources, compression, find_sources, source_kind
+from .corpus.sources import Sources, compression, find_sources, source_kind
+from .corpus.survey import NAMED, Survey, survey_source
 from .state_io import FULL_DISK, atomic_write_text
-from .survey import NAMED, Survey, survey_source
 
 DOCUMENT_BYTES = 1 << 20  # a text file is cut into documents of about this, at line breaks
 

@@ -44,7 +44,7 @@ class TaskConfig:
     warmup_steps: int = 50
     weight_decay: float = 0.1
     early_stop_patience: int = 3
-    # data settings a resume must keep (resume.py): they fix what the checkpoint trained on
+    # data settings a resume must keep (checkpoint/resume.py): they fix what a checkpoint trained on
     task_resume_keys: ClassVar[tuple[str, ...]] = (
         "data_dir",
         "block_size",

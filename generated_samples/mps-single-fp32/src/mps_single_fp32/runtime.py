@@ -8,6 +8,7 @@ With one process, reductions return their input and there is nothing to wait for
 from __future__ import annotations
 
 import math
+import signal
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,11 @@ from tqdm import tqdm
 # DataLoader workers start the platform's default way (a plain fork on Linux, the quickest):
 # without a process group there are no communication threads whose locks a fork could copy.
 WORKER_CONTEXT = None
+
+# What a launcher or scheduler sends to stop a job: SIGTERM (kill, Kubernetes and most launchers)
+# and SIGUSR1 (SLURM's `--signal=USR1@120`, ahead of a time limit or a preemption). The training
+# process turns either into a checkpoint (training/preemption.py); DataLoader workers ignore them.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 @dataclass(frozen=True)

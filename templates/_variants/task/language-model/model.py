@@ -14,7 +14,7 @@ rest of the project needs from it (`train.py` imports nothing else from here):
 - `model.init_tensor(name, tensor, generator)`: fill `tensor`, a CPU tensor of the full shape
   of parameter (or buffer) `name`, with its initial value, drawing only from `generator`. The
   project builds the model on the meta device and initialises it one parameter at a time with
-  this (build.py), so a model sharded over N processes starts from the same weights as on one
+  this (engine/build.py), so a model sharded over N processes starts from the same weights as on one
   and no process ever holds the whole model. `__init__` calls it too: a model built directly
   is initialised.
 - No BatchNorm: batch statistics would make K accumulated micro-batches differ from one batch

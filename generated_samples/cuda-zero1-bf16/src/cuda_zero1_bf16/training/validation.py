@@ -1,0 +1,34 @@
+"""The validation pass: the task's metrics over every validation sample of every rank, each
+counted once (the last batches padded so that every rank runs as many forward passes)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+
+from ..engine.strategy import Engine
+from ..loader.dataloaders import padded_batches
+from ..runtime import all_reduce_sum
+from ..task import SUMS, eval_sums, validation_metrics
+
+
+def evaluate(
+    engine: Engine, loader: Iterable, max_batches: int, between_batches: Callable[[], None]
+) -> dict:
+    """The task's validation METRICS from the SUMS over every sample of every rank (of each
+    rank's first `max_batches` batches where it is > 0: the same samples at every
+    validation), in as many passes on every rank (`padded_batches`); `between_batches()`
+    precedes each."""
+    sums = torch.zeros(len(SUMS), dtype=torch.float64, device=engine.runtime.device)
+    engine.module.eval()  # dropout off
+    with engine.inference():
+        for inputs, targets, counted in padded_batches(loader, engine.runtime, max_batches):
+            between_batches()
+            with engine.autocast():
+                logits = engine.module(inputs.to(sums.device))
+            if counted:
+                sums += eval_sums(logits, targets.to(sums.device))
+    engine.module.train()
+    totals = all_reduce_sum(sums, engine.runtime).tolist()
+    return validation_metrics(dict(zip(SUMS, totals, strict=True)))

@@ -1,0 +1,36 @@
+"""The language model's corpus: sources found and read (`sources.py`, `documents.py`), surveyed
+and tokenized in parallel jobs (`survey.py`, `jobs.py`) into memory-mapped token shards with their
+manifest (`shards.py`). `python -m <package>.prepare` drives them."""
+
+from .documents import PIECE_CHARS, Span, read_pieces, text_layout
+from .shards import (
+    MANIFEST,
+    RUN_MANIFEST,
+    TOKENIZER_FILE,
+    Codec,
+    Manifest,
+    TokenWindows,
+    describe_change,
+    manifest_at,
+    read_manifest,
+    same_tokenizer,
+)
+from .sources import find_sources
+
+__all__ = [
+    "Codec",
+    "MANIFEST",
+    "Manifest",
+    "PIECE_CHARS",
+    "RUN_MANIFEST",
+    "Span",
+    "TOKENIZER_FILE",
+    "TokenWindows",
+    "describe_change",
+    "find_sources",
+    "manifest_at",
+    "read_manifest",
+    "read_pieces",
+    "same_tokenizer",
+    "text_layout",
+]
