@@ -62,9 +62,9 @@ def train_tokenizer(project: Path, folder: Path, out: Path) -> float:
     """Train the BPE of 8,192 tokens on `folder`'s first 16 MB into `out`; its seconds."""
     sys.path.insert(0, str(project / "src"))
     from lm.corpus.jobs import train_bpe
+    from lm.corpus.pipeline import DOCUMENT_BYTES
     from lm.corpus.sources import find_sources
     from lm.corpus.survey import survey_source
-    from lm.prepare import DOCUMENT_BYTES
 
     sources = find_sources([str(folder)]).files
     surveys = [survey_source(path, "text", DOCUMENT_BYTES, "utf-8", None, 0.1) for path in sources]
@@ -77,9 +77,9 @@ def prepare_table(project: Path, megabytes: int, scratch: Path) -> str:
     """Prepare's throughput against `encode_batch` (see the module docstring)."""
     sys.path.insert(0, str(project / "src"))
     from lm.corpus.documents import Piece, read_pieces
+    from lm.corpus.pipeline import DOCUMENT_BYTES, Options, prepare
     from lm.corpus.sources import find_sources
     from lm.corpus.survey import survey_source
-    from lm.prepare import DOCUMENT_BYTES, Options, prepare
     from tokenizers import Tokenizer
 
     rows = ["| what | seconds | MB/s | / encode_batch |", "| --- | --- | --- | --- |"]

@@ -126,6 +126,14 @@ def sequences_per_process(recipe: Recipe, world: int) -> int:
     return recipe.sequences if recipe.per_process else math.ceil(recipe.sequences / world)
 
 
+def micro_batch_candidates(per_process: int) -> list[int]:
+    """The micro-batches a plan may split `per_process` samples per optimizer step into: its
+    divisors, largest first, so gradient accumulation makes the batch up exactly. A rendered
+    project's resume on another world size splits the same way
+    (`checkpoint/world_size.py:split_global_batch`; tests/test_shapes.py holds the two equal)."""
+    return [size for size in range(per_process, 0, -1) if per_process % size == 0]
+
+
 def fit(answers: Answers, strategy: str, precision: str, shape: ModelShape, recipe: Recipe) -> Fit:
     """The largest micro-batch (a divisor of the recipe's batch per process, so accumulation
     makes it up exactly) that fits `usable_bytes` with `strategy`, without activation
@@ -134,7 +142,7 @@ def fit(answers: Answers, strategy: str, precision: str, shape: ModelShape, reci
     world = answers.world_size
     per_process = sequences_per_process(recipe, world)
     usable, host = usable_bytes(answers), host_usable(answers)
-    candidates = [size for size in range(per_process, 0, -1) if per_process % size == 0]
+    candidates = micro_batch_candidates(per_process)
     dropout = 0.0 if answers.task == "language-model" else 0.1  # the examples' dropout
 
     def run(micro_batch: int, checkpointing: bool) -> Estimate:

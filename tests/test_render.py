@@ -123,6 +123,13 @@ def tags(repo: Path) -> list[str]:
     return subprocess.run(["git", "tag"], cwd=repo, capture_output=True, text=True).stdout.split()
 
 
+def test_the_template_names_the_release_it_is():
+    """A rendered project writes its scaffold release into each checkpoint (a refusal of another
+    checkpoint format names the release that can finish the run): it is this scaffold's."""
+    store = TEMPLATE / "project" / "src" / "{{package_name}}" / "checkpoint" / "store.py"
+    assert f'SCAFFOLD_RELEASE = "{__version__}"' in store.read_text()
+
+
 def test_template_cache_tags_once_and_never_moves_a_tag(tmp_path, monkeypatch):
     repo, source = template_repo_source()
     assert source == "~/.cache/scaffold/template-repo"

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 from conftest import REPO_ROOT
 
+from scaffold.fitting import micro_batch_candidates
 from scaffold.shapes import BYTE_VOCAB, PUBLISHED_DECODERS, DecoderShape, cnn_for, decoder_for
 from scaffold.variants import DEFAULT_VARIANT
 
@@ -208,3 +209,16 @@ def test_cnn_activations_are_what_autograd_saves():
     measured = saved_bytes(model, lambda: task.loss_fn(model(images), labels))
     predicted = shape.activations(batch, 4, 4, 0.0).saved(False)
     assert predicted == pytest.approx(measured, rel=0.01)
+
+
+def test_a_resume_on_another_world_size_splits_the_batch_as_the_planner_does():
+    """The rendered `split_global_batch` and the planner's rule (`micro_batch_candidates`: the
+    largest divisor of the samples per process that fits, here that is at most the limit)."""
+    split_global_batch = rendered(LM_SAMPLE, "checkpoint.world_size").split_global_batch
+    for world_size in (1, 2, 3, 4, 8):
+        for global_batch in range(world_size, 200, world_size):
+            per_process = global_batch // world_size
+            for limit in (1, 3, 8, 64):
+                micro = next(m for m in micro_batch_candidates(per_process) if m <= limit)
+                expected = (micro, per_process // micro)
+                assert split_global_batch(global_batch, world_size, limit) == expected

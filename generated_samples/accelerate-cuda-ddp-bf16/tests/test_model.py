@@ -11,7 +11,6 @@ import math
 import pytest
 import torch
 
-from accelerate_cuda_ddp_bf16.checkpoint import seed_all
 from accelerate_cuda_ddp_bf16.config import load_config, parse_param_count
 from accelerate_cuda_ddp_bf16.data import build_datasets
 from accelerate_cuda_ddp_bf16.engine import Engine
@@ -19,7 +18,7 @@ from accelerate_cuda_ddp_bf16.model import build_model
 from accelerate_cuda_ddp_bf16.runtime import init_runtime
 from accelerate_cuda_ddp_bf16.task import EXPECTED_INITIAL_LOSS, SUMS, eval_sums, loss_fn
 from accelerate_cuda_ddp_bf16.train import train_step
-from accelerate_cuda_ddp_bf16.training import build_optimizer, build_scheduler
+from accelerate_cuda_ddp_bf16.training import build_optimizer, build_scheduler, seed_all
 
 
 def one_batch(config, size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,7 +12,6 @@ import pytest
 import torch
 from torch import nn
 
-from cpu_ddp_fp32.checkpoint import seed_all
 from cpu_ddp_fp32.data import build_datasets
 from cpu_ddp_fp32.engine import build as build_module
 from cpu_ddp_fp32.engine import (
@@ -24,6 +23,7 @@ from cpu_ddp_fp32.engine import (
 )
 from cpu_ddp_fp32.model import build_model
 from cpu_ddp_fp32.task import EXPECTED_INITIAL_LOSS, loss_fn
+from cpu_ddp_fp32.training import seed_all
 
 
 def one_batch(config, size: int) -> tuple[torch.Tensor, torch.Tensor]:

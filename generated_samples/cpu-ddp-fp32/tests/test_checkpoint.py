@@ -18,7 +18,6 @@ from cpu_ddp_fp32.checkpoint import (
     COMPLETE_MARKER,
     TRAINER_FILE,
     CheckpointManager,
-    derived_seed,
     find_latest,
     split_global_batch,
     step_folders,
@@ -28,7 +27,7 @@ from cpu_ddp_fp32.config import Config
 from cpu_ddp_fp32.runtime import init_runtime
 from cpu_ddp_fp32.state_io import atomic_save, full_disk_exits
 from cpu_ddp_fp32.train import Trainer
-from cpu_ddp_fp32.training import TrainState
+from cpu_ddp_fp32.training import TrainState, derived_seed
 
 from conftest import config_for_tests, exported_weights
 

@@ -9,7 +9,6 @@ import dataclasses
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from cpu_single_fp32.checkpoint import seed_all
 from cpu_single_fp32.data import build_datasets
 from cpu_single_fp32.engine import Engine
 from cpu_single_fp32.engine import strategy as engine_module
@@ -17,6 +16,7 @@ from cpu_single_fp32.model import build_model
 from cpu_single_fp32.runtime import init_runtime
 from cpu_single_fp32.task import loss_fn
 from cpu_single_fp32.train import train_step
+from cpu_single_fp32.training import seed_all
 
 NO_CLIP = 1e9
 

@@ -11,7 +11,6 @@ import math
 import pytest
 import torch
 
-from cuda_ddp_fp16.checkpoint import seed_all
 from cuda_ddp_fp16.config import load_config, parse_param_count
 from cuda_ddp_fp16.data import build_datasets
 from cuda_ddp_fp16.engine import Engine
@@ -19,7 +18,7 @@ from cuda_ddp_fp16.model import build_model
 from cuda_ddp_fp16.runtime import init_runtime
 from cuda_ddp_fp16.task import EXPECTED_INITIAL_LOSS, SUMS, eval_sums, loss_fn
 from cuda_ddp_fp16.train import train_step
-from cuda_ddp_fp16.training import build_optimizer, build_scheduler
+from cuda_ddp_fp16.training import build_optimizer, build_scheduler, seed_all
 
 
 def one_batch(config, size: int) -> tuple[torch.Tensor, torch.Tensor]:

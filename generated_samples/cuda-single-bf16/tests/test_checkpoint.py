@@ -18,7 +18,6 @@ from cuda_single_bf16.checkpoint import (
     COMPLETE_MARKER,
     TRAINER_FILE,
     CheckpointManager,
-    derived_seed,
     find_latest,
     split_global_batch,
     step_folders,
@@ -28,7 +27,7 @@ from cuda_single_bf16.config import Config
 from cuda_single_bf16.runtime import init_runtime
 from cuda_single_bf16.state_io import atomic_save, full_disk_exits
 from cuda_single_bf16.train import Trainer
-from cuda_single_bf16.training import TrainState
+from cuda_single_bf16.training import TrainState, derived_seed
 
 from conftest import config_for_tests, exported_weights
 

@@ -12,7 +12,6 @@ import pytest
 import torch
 from torch import nn
 
-from cuda_single_fp16.checkpoint import seed_all
 from cuda_single_fp16.data import build_datasets
 from cuda_single_fp16.engine import build as build_module
 from cuda_single_fp16.engine import (
@@ -24,6 +23,7 @@ from cuda_single_fp16.engine import (
 )
 from cuda_single_fp16.model import build_model
 from cuda_single_fp16.task import EXPECTED_INITIAL_LOSS, loss_fn
+from cuda_single_fp16.training import seed_all
 
 
 def one_batch(config, size: int) -> tuple[torch.Tensor, torch.Tensor]:

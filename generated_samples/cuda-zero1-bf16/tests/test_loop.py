@@ -10,7 +10,6 @@ import pytest
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from cuda_zero1_bf16.checkpoint import seed_all
 from cuda_zero1_bf16.data import build_datasets
 from cuda_zero1_bf16.engine import Engine
 from cuda_zero1_bf16.engine import strategy as engine_module
@@ -18,6 +17,7 @@ from cuda_zero1_bf16.model import build_model
 from cuda_zero1_bf16.runtime import init_runtime
 from cuda_zero1_bf16.task import loss_fn
 from cuda_zero1_bf16.train import train_step
+from cuda_zero1_bf16.training import seed_all
 
 NO_CLIP = 1e9
 

@@ -12,7 +12,6 @@ import pytest
 import torch
 from torch import nn
 
-from cuda_zero3_offload_fp32.checkpoint import seed_all
 from cuda_zero3_offload_fp32.data import build_datasets
 from cuda_zero3_offload_fp32.engine import build as build_module
 from cuda_zero3_offload_fp32.engine import (
@@ -24,6 +23,7 @@ from cuda_zero3_offload_fp32.engine import (
 )
 from cuda_zero3_offload_fp32.model import build_model
 from cuda_zero3_offload_fp32.task import EXPECTED_INITIAL_LOSS, loss_fn
+from cuda_zero3_offload_fp32.training import seed_all
 
 
 def one_batch(config, size: int) -> tuple[torch.Tensor, torch.Tensor]:

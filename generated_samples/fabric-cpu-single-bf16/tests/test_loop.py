@@ -9,7 +9,6 @@ import dataclasses
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from fabric_cpu_single_bf16.checkpoint import seed_all
 from fabric_cpu_single_bf16.data import build_datasets
 from fabric_cpu_single_bf16.engine import Engine
 from fabric_cpu_single_bf16.engine import strategy as engine_module
@@ -17,6 +16,7 @@ from fabric_cpu_single_bf16.model import build_model
 from fabric_cpu_single_bf16.runtime import init_runtime
 from fabric_cpu_single_bf16.task import loss_fn
 from fabric_cpu_single_bf16.train import train_step
+from fabric_cpu_single_bf16.training import seed_all
 
 NO_CLIP = 1e9
 

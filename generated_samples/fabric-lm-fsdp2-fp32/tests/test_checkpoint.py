@@ -17,7 +17,6 @@ from fabric_lm_fsdp2_fp32.checkpoint import (
     COMPLETE_MARKER,
     TRAINER_FILE,
     CheckpointManager,
-    derived_seed,
     find_latest,
     split_global_batch,
     step_folders,
@@ -27,7 +26,7 @@ from fabric_lm_fsdp2_fp32.config import Config
 from fabric_lm_fsdp2_fp32.runtime import init_runtime
 from fabric_lm_fsdp2_fp32.state_io import atomic_save, full_disk_exits
 from fabric_lm_fsdp2_fp32.train import Trainer
-from fabric_lm_fsdp2_fp32.training import TrainState
+from fabric_lm_fsdp2_fp32.training import TrainState, derived_seed
 
 from conftest import config_for_tests, exported_weights
 

@@ -11,7 +11,6 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from fabric_lm_fsdp2_fp32 import train
-from fabric_lm_fsdp2_fp32.checkpoint import seed_all
 from fabric_lm_fsdp2_fp32.data import build_datasets
 from fabric_lm_fsdp2_fp32.engine import Engine
 from fabric_lm_fsdp2_fp32.engine import strategy as engine_module
@@ -19,6 +18,7 @@ from fabric_lm_fsdp2_fp32.model import build_model
 from fabric_lm_fsdp2_fp32.runtime import init_runtime
 from fabric_lm_fsdp2_fp32.task import IGNORE_INDEX, eval_sums, loss_fn, micro_batch_weights
 from fabric_lm_fsdp2_fp32.train import train_step
+from fabric_lm_fsdp2_fp32.training import seed_all
 
 NO_CLIP = 1e9
 

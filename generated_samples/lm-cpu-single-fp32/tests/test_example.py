@@ -17,7 +17,7 @@ from lm_cpu_single_fp32.data import NUM_CLASSES, build_datasets, stdlib_sources
 from lm_cpu_single_fp32.loader import make_train_loader
 from lm_cpu_single_fp32.model import ByteGPT, build_model, shape_for
 from lm_cpu_single_fp32.runtime import init_runtime
-from lm_cpu_single_fp32.task import model_flops_utilization, throughput
+from lm_cpu_single_fp32.task import throughput
 
 
 def test_batch_shapes_and_dtypes(config):
@@ -107,19 +107,3 @@ def test_a_published_size_builds_that_models_shape(config, size, depth, width, h
         model = build_model(dataclasses.replace(config, model_size=size))
     attention = model.blocks[0].attn
     assert (len(model.blocks), attention.qkv.in_features, attention.heads) == (depth, width, heads)
-
-
-@pytest.mark.parametrize(
-    ("name", "peak"),
-    [
-        ("NVIDIA H100 80GB HBM3", 989e12),  # the SXM module
-        ("NVIDIA H100 PCIe", 756e12),
-        ("NVIDIA H100 NVL", 835e12),
-        ("NVIDIA H200", 989e12),
-        ("NVIDIA A100-SXM4-80GB", 312e12),
-    ],
-)
-def test_mfu_divides_by_the_detected_boards_own_peak(monkeypatch, name, peak):
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
-    assert model_flops_utilization(peak / 2, "cuda:0") == pytest.approx(0.5)
-    assert model_flops_utilization(peak / 2, "cpu") is None

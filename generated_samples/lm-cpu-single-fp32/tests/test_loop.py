@@ -10,7 +10,6 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from lm_cpu_single_fp32 import train
-from lm_cpu_single_fp32.checkpoint import seed_all
 from lm_cpu_single_fp32.data import build_datasets
 from lm_cpu_single_fp32.engine import Engine
 from lm_cpu_single_fp32.engine import strategy as engine_module
@@ -18,6 +17,7 @@ from lm_cpu_single_fp32.model import build_model
 from lm_cpu_single_fp32.runtime import init_runtime
 from lm_cpu_single_fp32.task import IGNORE_INDEX, eval_sums, loss_fn, micro_batch_weights
 from lm_cpu_single_fp32.train import train_step
+from lm_cpu_single_fp32.training import seed_all
 
 NO_CLIP = 1e9
 

@@ -12,8 +12,10 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 from lm_cpu_single_fp32.config import load_config
+from lm_cpu_single_fp32.engine.mfu import model_flops_utilization
 from lm_cpu_single_fp32.plot import main as plot_main
 from lm_cpu_single_fp32.plot import write_plot
 from lm_cpu_single_fp32.report import TensorBoardTracker, keep_records_up_to, open_trackers
@@ -146,3 +148,19 @@ def test_the_profile_window_reads_like_a_slice_and_is_off_when_empty():
 def test_an_unknown_logger_is_refused():
     with pytest.raises(ValueError, match="logger must be one of none, wandb"):
         load_config(PROJECT_ROOT / "configs" / "train.toml", ["logger=mlflow"])
+
+
+@pytest.mark.parametrize(
+    ("name", "peak"),
+    [
+        ("NVIDIA H100 80GB HBM3", 989e12),  # the SXM module
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA H100 NVL", 835e12),
+        ("NVIDIA H200", 989e12),
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+    ],
+)
+def test_mfu_divides_by_the_detected_boards_own_peak(monkeypatch, name, peak):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert model_flops_utilization(peak / 2, "cuda:0") == pytest.approx(0.5)
+    assert model_flops_utilization(peak / 2, "cpu") is None

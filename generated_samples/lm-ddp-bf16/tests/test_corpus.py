@@ -29,26 +29,29 @@ import zstandard
 from safetensors.torch import save_file
 from torch import nn
 
-from lm_ddp_bf16 import prepare as prepare_module
 from lm_ddp_bf16.corpus import (
     MANIFEST,
     PIECE_CHARS,
     Codec,
     Manifest,
+    Options,
     Span,
     TokenWindows,
     find_sources,
+    pipeline,
+    prepare,
     read_manifest,
     read_pieces,
     survey,
     text_layout,
 )
 from lm_ddp_bf16.corpus import jobs as prepare_jobs
+from lm_ddp_bf16.corpus.pipeline import remove_stale_scratch
 from lm_ddp_bf16.data import build_datasets
 from lm_ddp_bf16.generate import generate
 from lm_ddp_bf16.generate import main as generate_main
 from lm_ddp_bf16.model import build_model
-from lm_ddp_bf16.prepare import Options, main, prepare, remove_stale_scratch
+from lm_ddp_bf16.prepare import main
 from lm_ddp_bf16.runtime import init_runtime
 from lm_ddp_bf16.train import Trainer
 
@@ -145,7 +148,7 @@ def test_an_interrupted_prepare_leaves_the_previous_corpus_whole(sources, tmp_pa
     def killed(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(prepare_module, "write_shards", killed)
+    monkeypatch.setattr(pipeline, "write_shards", killed)
     with pytest.raises(KeyboardInterrupt):
         prepare([str(sources)], out, SMALL)
     assert read_manifest(out, HINT) == before
@@ -357,7 +360,7 @@ def test_a_full_disk_is_named_and_the_previous_corpus_kept(sources, tmp_path, mo
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(prepare_module, "write_shards", full)
+    monkeypatch.setattr(pipeline, "write_shards", full)
     with pytest.raises(
         ValueError, match=r"no space left on device in .* MiB free\): it takes up to"
     ):

@@ -11,7 +11,6 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from lm_ddp_bf16 import train
-from lm_ddp_bf16.checkpoint import seed_all
 from lm_ddp_bf16.data import build_datasets
 from lm_ddp_bf16.engine import Engine
 from lm_ddp_bf16.engine import strategy as engine_module
@@ -19,6 +18,7 @@ from lm_ddp_bf16.model import build_model
 from lm_ddp_bf16.runtime import init_runtime
 from lm_ddp_bf16.task import IGNORE_INDEX, eval_sums, loss_fn, micro_batch_weights
 from lm_ddp_bf16.train import train_step
+from lm_ddp_bf16.training import seed_all
 
 NO_CLIP = 1e9
 

@@ -254,7 +254,10 @@ def rewrite_trainer_state(folder: Path, change) -> None:
 @pytest.mark.parametrize(
     "change, message",
     [
-        (lambda state: state.update(format=99), "format 99"),
+        (
+            lambda state: state.update(format=99, scaffold_release="0.9.0"),
+            "format 99, written by a project of scaffold 0.9.0, .* as scaffold 0.9.0 rendered it",
+        ),
         (lambda state: state["ranks"].append(state["ranks"][0]), "written by 2 process"),
         (lambda state: state["config"].update(seed=7), "changed seed"),
         (lambda state: state["config"].update(data_dir="data/other"), "changed data_dir"),

@@ -12,7 +12,6 @@ import pytest
 import torch
 from torch import nn
 
-from lm_fsdp2_bf16.checkpoint import seed_all
 from lm_fsdp2_bf16.data import build_datasets
 from lm_fsdp2_bf16.engine import build as build_module
 from lm_fsdp2_bf16.engine import (
@@ -24,6 +23,7 @@ from lm_fsdp2_bf16.engine import (
 )
 from lm_fsdp2_bf16.model import build_model
 from lm_fsdp2_bf16.task import EXPECTED_INITIAL_LOSS, loss_fn
+from lm_fsdp2_bf16.training import seed_all
 
 
 def one_batch(config, size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,7 +17,6 @@ from lm_zero3_bf16.checkpoint import (
     COMPLETE_MARKER,
     TRAINER_FILE,
     CheckpointManager,
-    derived_seed,
     find_latest,
     split_global_batch,
     step_folders,
@@ -27,7 +26,7 @@ from lm_zero3_bf16.config import Config
 from lm_zero3_bf16.runtime import init_runtime
 from lm_zero3_bf16.state_io import atomic_save, full_disk_exits
 from lm_zero3_bf16.train import Trainer
-from lm_zero3_bf16.training import TrainState
+from lm_zero3_bf16.training import TrainState, derived_seed
 
 from conftest import config_for_tests, exported_weights
 

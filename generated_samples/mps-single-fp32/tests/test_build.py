@@ -12,7 +12,6 @@ import pytest
 import torch
 from torch import nn
 
-from mps_single_fp32.checkpoint import seed_all
 from mps_single_fp32.data import build_datasets
 from mps_single_fp32.engine import build as build_module
 from mps_single_fp32.engine import (
@@ -24,6 +23,7 @@ from mps_single_fp32.engine import (
 )
 from mps_single_fp32.model import build_model
 from mps_single_fp32.task import EXPECTED_INITIAL_LOSS, loss_fn
+from mps_single_fp32.training import seed_all
 
 
 def one_batch(config, size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,7 +10,6 @@ import pytest
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from mps_single_fp32.checkpoint import seed_all
 from mps_single_fp32.data import build_datasets
 from mps_single_fp32.engine import Engine
 from mps_single_fp32.engine import strategy as engine_module
@@ -18,7 +17,7 @@ from mps_single_fp32.model import build_model
 from mps_single_fp32.runtime import init_runtime
 from mps_single_fp32.task import loss_fn
 from mps_single_fp32.train import train_step
-from mps_single_fp32.training import build_scheduler
+from mps_single_fp32.training import build_scheduler, seed_all
 
 NO_CLIP = 1e9
 

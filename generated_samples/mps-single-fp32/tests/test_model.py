@@ -11,7 +11,6 @@ import math
 import pytest
 import torch
 
-from mps_single_fp32.checkpoint import seed_all
 from mps_single_fp32.config import load_config, parse_param_count
 from mps_single_fp32.data import build_datasets
 from mps_single_fp32.engine import Engine
@@ -19,7 +18,7 @@ from mps_single_fp32.model import build_model
 from mps_single_fp32.runtime import init_runtime
 from mps_single_fp32.task import EXPECTED_INITIAL_LOSS, SUMS, eval_sums, loss_fn
 from mps_single_fp32.train import train_step
-from mps_single_fp32.training import build_optimizer, build_scheduler
+from mps_single_fp32.training import build_optimizer, build_scheduler, seed_all
 
 
 def one_batch(config, size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,7 +10,6 @@ import pytest
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from multinode_ddp_bf16.checkpoint import seed_all
 from multinode_ddp_bf16.data import build_datasets
 from multinode_ddp_bf16.engine import Engine
 from multinode_ddp_bf16.engine import strategy as engine_module
@@ -18,6 +17,7 @@ from multinode_ddp_bf16.model import build_model
 from multinode_ddp_bf16.runtime import init_runtime
 from multinode_ddp_bf16.task import loss_fn
 from multinode_ddp_bf16.train import train_step
+from multinode_ddp_bf16.training import seed_all
 
 NO_CLIP = 1e9
 

@@ -11,7 +11,6 @@ import math
 import pytest
 import torch
 
-from multinode_ddp_bf16.checkpoint import seed_all
 from multinode_ddp_bf16.config import load_config, parse_param_count
 from multinode_ddp_bf16.data import build_datasets
 from multinode_ddp_bf16.engine import Engine
@@ -19,7 +18,7 @@ from multinode_ddp_bf16.model import build_model
 from multinode_ddp_bf16.runtime import init_runtime
 from multinode_ddp_bf16.task import EXPECTED_INITIAL_LOSS, SUMS, eval_sums, loss_fn
 from multinode_ddp_bf16.train import train_step
-from multinode_ddp_bf16.training import build_optimizer, build_scheduler
+from multinode_ddp_bf16.training import build_optimizer, build_scheduler, seed_all
 
 
 def one_batch(config, size: int) -> tuple[torch.Tensor, torch.Tensor]:

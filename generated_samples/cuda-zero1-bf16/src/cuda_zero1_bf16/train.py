@@ -17,15 +17,7 @@ import torch
 from torch import Tensor
 from torch.optim.lr_scheduler import LRScheduler
 
-from .checkpoint import (
-    Checkpointer,
-    CheckpointManager,
-    enter_run_folder,
-    fit_to_checkpoint,
-    seed_all,
-    start_or_resume,
-    starting_state,
-)
+from .checkpoint import Checkpointer, CheckpointManager, fit_to_checkpoint, start_or_resume
 from .config import Config, parse_command_line, user_errors
 from .data import build_datasets
 from .engine import Engine, build_on_meta, keep_freed_memory
@@ -34,7 +26,15 @@ from .report import ProfileWindow, RunLog, finish_run
 from .runtime import Runtime, init_runtime, shutdown_runtime
 from .state_io import full_disk_exits
 from .task import loss_fn, micro_batch_weights
-from .training import Safeguards, build_optimizer, build_scheduler, evaluate
+from .training import (
+    Safeguards,
+    build_optimizer,
+    build_scheduler,
+    enter_run_folder,
+    evaluate,
+    seed_all,
+    starting_state,
+)
 
 
 def train_step(
@@ -125,7 +125,7 @@ class Trainer:
                 step = train_step(self.engine, self.scheduler, batches, count, config.max_grad_norm)
                 state.advance(count)  # a used-up epoch ends here
                 self.guards.step_done(state.step, *step)
-                self.log.step(state, count, *step[:2], lr)
+                state.note_loss(self.log.step(state, count, *step[:2], lr))
                 self.profiler.at_step(state.step)
                 self.checkpointer.step_done()
 

@@ -21,8 +21,7 @@ import warnings
 from pathlib import Path
 
 from .config import Config, parse_param_count
-from .corpus import MANIFEST, TokenWindows, manifest_at, read_manifest
-from .prepare import Options, prepare
+from .corpus import MANIFEST, Options, TokenWindows, manifest_at, prepare, read_manifest
 
 NUM_CLASSES = 257  # the vocabulary: 256 byte values and end-of-text (tokenizer = "bytes")
 # The example cuts the stdlib's files into documents of at most 4 KiB at line breaks: enough

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from .corpus import MANIFEST, manifest_at
 from .data import NUM_CLASSES
+from .engine.mfu import model_flops_utilization
 from .runtime import Runtime, all_reduce_sum
 
 IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index
@@ -26,13 +27,6 @@ EXPECTED_INITIAL_LOSS = math.log(NUM_CLASSES)  # a uniform prediction's cross-en
 METRICS = {"val_loss": "min", "val_accuracy": "max"}
 # What `eval_sums` adds up over validation batches and ranks, in its order.
 SUMS = ("loss_sum", "correct", "count")
-
-# Dense 16-bit tensor-core peaks (FLOP/s) from NVIDIA's data sheets (half their with-sparsity
-# figures), matched in this order against the device name: the H100 PCIe and NVL boards run
-# lower clocks than the SXM module, which reports itself as plain "H100 80GB HBM3".
-PEAK_FLOPS = {"H200": 989e12, "H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12}
-PEAK_FLOPS |= {"A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10G": 70e12, "A10": 125e12}
-PEAK_FLOPS |= {"V100": 125e12, "T4": 65e12, "RTX 4090": 165e12}
 
 
 def counted_targets(targets: Tensor) -> Tensor:
@@ -85,22 +79,11 @@ def validation_metrics(totals: dict[str, float]) -> dict[str, float]:
     return {"val_loss": totals["loss_sum"] / count, "val_accuracy": totals["correct"] / count}
 
 
-def model_flops_utilization(flops_per_second: float, device: str) -> float | None:
-    """Achieved model FLOP/s over the GPU's peak (PaLM, Chowdhery et al. 2022, appendix B).
-
-    None on CPU or on a GPU missing from `PEAK_FLOPS`.
-    """
-    if not device.startswith("cuda"):
-        return None
-    name = torch.cuda.get_device_name(torch.device(device))
-    peak = next((value for key, value in PEAK_FLOPS.items() if key in name), None)
-    return None if peak is None else flops_per_second / peak
-
-
 def throughput(summary: dict[str, Any]) -> dict[str, float | None]:
     """The summary's rates per second of training time (validation excluded): sequences,
     tokens, model FLOPs (6 N per token for forward + backward, N parameters; Kaplan et al.
-    2020, "Scaling Laws for Neural Language Models", §2.1) and their share of the GPU's peak.
+    2020, "Scaling Laws for Neural Language Models", §2.1) and their share of the GPU's peak
+    (engine/mfu.py, where scaffold keeps the GPUs' peaks).
     At the run's end (`summary` has its `steps`), also the data it trained on: tokens per
     optimizer step, tokens trained, their ratio to the parameters (Hoffmann et al. 2022 find
     ~20 compute-optimal) and the epochs over the prepared corpus's training tokens."""

@@ -1,16 +1,8 @@
 """Checkpoints: the store (`store.py`: step folders written atomically, the latest complete one
-found, keep-N), when a run saves (`schedule.py`), and how a run starts or resumes from one
-(`resume.py`: the RNG, the data position, the settings a checkpoint fixes)."""
+found, keep-N), when a run saves (`schedule.py`), a resume's refusals and restore (`resume.py`)
+and a resume on another number of processes (`world_size.py`)."""
 
-from .resume import (
-    derived_seed,
-    enter_run_folder,
-    fit_to_checkpoint,
-    seed_all,
-    split_global_batch,
-    start_or_resume,
-    starting_state,
-)
+from .resume import start_or_resume
 from .schedule import Checkpointer
 from .store import (
     COMPLETE_MARKER,
@@ -22,6 +14,7 @@ from .store import (
     step_folder_name,
     step_folders,
 )
+from .world_size import fit_to_checkpoint, split_global_batch
 
 __all__ = [
     "COMPLETE_MARKER",
@@ -30,14 +23,10 @@ __all__ = [
     "LAST_WEIGHTS_FILE",
     "TRAINER_FILE",
     "WEIGHTS_FILE",
-    "derived_seed",
-    "enter_run_folder",
     "find_latest",
     "fit_to_checkpoint",
-    "seed_all",
     "split_global_batch",
     "start_or_resume",
-    "starting_state",
     "step_folder_name",
     "step_folders",
 ]

@@ -1,43 +1,20 @@
-"""What a resume needs besides the model and optimizer: RNG states, the exact data position,
-and the settings a checkpoint fixes.
-
-A resumed run replays the interrupted epoch from the loader generator's state at that epoch's
-start, skipping the batches already trained on, then restores the RNG states saved with the
-checkpoint: the next batch, its random transforms and the dropout masks are bitwise the ones the
-interrupted run would have drawn.
-
-A resume on another number of processes (`allow_world_size_change`) keeps the global batch,
-split the way scaffold's planner splits it (`split_global_batch`), and continues the epoch's
-order (a shuffle of the seed and the epoch alone, the same at every world size) after the
-sequences already trained on: none twice, none skipped. The per-rank random streams cannot be
-carried over; they are derived afresh from the seed, the step and the rank (`derived_seed`).
-An epoch drops the last samples that do not fill a micro-batch on every rank: with another
-micro-batch x world size, that tail may hold fewer or more samples (less than one micro-batch
-per rank).
+"""A resume: the refusals of a checkpoint this run cannot continue (another format, a changed
+setting it fixes, changed data), and the restore of the latest one that loads into the engine,
+the components and the training state.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
-import random
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
-
-import numpy as np
-import torch
-from torch.utils.data import DataLoader
 
 from ..config import Config
-from ..loader.dataloaders import epoch_iterator
-from ..runtime import Runtime, any_process
+from ..runtime import Runtime
 from ..training.optim import respan
-from ..training.run_folder import NotARunFolder, holds_a_run, mark_as_a_run
+from ..training.run_folder import fresh_start_refusal
 from ..training.state import TrainState
-from .store import FORMAT_VERSION, Checkpoint, CheckpointManager, find_latest
+from .store import FORMAT_VERSION, SCAFFOLD_RELEASE, Checkpoint, CheckpointManager
+from .world_size import BATCH_SPLIT, WorldSizeChange, saved_global_batch, world_size_refusal
 
 # Settings a resume must share with the checkpoint: they fix the data order, the model's shape,
 # and the optimizer and LR schedule that the checkpoint restores (a changed lr or epochs would
@@ -46,224 +23,6 @@ from .store import FORMAT_VERSION, Checkpoint, CheckpointManager, find_latest
 RESUME_INVARIANTS = ("seed", "model_size", "micro_batch_size", "grad_accum_steps")
 RESUME_INVARIANTS += ("epochs", "max_steps", "lr", "min_lr_ratio", "warmup_steps", "weight_decay")
 RESUME_INVARIANTS += ("beta1", "beta2")
-# A resume on another world size keeps their product with it, the global batch, instead.
-BATCH_SPLIT = ("micro_batch_size", "grad_accum_steps")
-
-
-def seed_all(seed: int) -> None:
-    """Seed Python, numpy and torch (CPU and every CUDA device)."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def capture_rng_state() -> dict[str, Any]:
-    """torch (CPU and every CUDA device), numpy and Python `random` states as loadable values.
-
-    numpy's state tuple holds an ndarray, which `weights_only=True` refuses: stored as a list.
-    """
-    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": [kind, keys.tolist(), pos, has_gauss, cached_gaussian],
-        "python": random.getstate(),
-    }
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    """Inverse of `capture_rng_state`."""
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    kind, keys, pos, has_gauss, cached_gaussian = state["numpy"]
-    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
-    version, internal, gauss_next = state["python"]
-    random.setstate((version, tuple(internal), gauss_next))
-
-
-def derived_seed(seed: int, step: int, rank: int) -> int:
-    """A seed in [0, 2**32) for `rank`'s random streams from optimizer step `step` on, the same
-    on every launch: the first 4 bytes of SHA-256 of "seed:step:rank" (numpy takes 32 bits)."""
-    digest = hashlib.sha256(f"{seed}:{step}:{rank}".encode()).digest()
-    return int.from_bytes(digest[:4], "little")
-
-
-def split_global_batch(global_batch: int, world_size: int, max_micro_batch: int) -> tuple[int, int]:
-    """(micro_batch_size, grad_accum_steps) that give `global_batch` samples per optimizer step
-    over `world_size` processes, as scaffold's planner splits a batch: the largest divisor of
-    the per-process samples that is at most `max_micro_batch` (the largest that fits), and the
-    accumulation that makes up the rest.
-
-    Raises:
-        ValueError: `global_batch` does not divide by `world_size`.
-    """
-    if global_batch % world_size:
-        raise ValueError(
-            f"the run's global batch of {global_batch} samples does not divide among "
-            f"{world_size} processes; launch a number of processes that divides {global_batch}"
-        )
-    per_process = global_batch // world_size
-    micro = max(d for d in range(1, min(per_process, max_micro_batch) + 1) if per_process % d == 0)
-    return micro, per_process // micro
-
-
-@dataclass(frozen=True)
-class WorldSizeChange:
-    """A resume on `world_size` processes of a checkpoint written by `saved_world_size` at
-    optimizer step `step`; each process now runs `grad_accum_steps` micro-batches of
-    `micro_batch_size` per step, so the global batch is the checkpoint's."""
-
-    step: int
-    saved_world_size: int
-    world_size: int
-    micro_batch_size: int
-    grad_accum_steps: int
-
-    def describe(self) -> str:
-        """One line for the log and the notice."""
-        return (
-            f"world size {self.saved_world_size} -> {self.world_size} at step {self.step} "
-            f"(per process: micro-batch {self.micro_batch_size} x {self.grad_accum_steps} "
-            "accumulation steps; the same global batch, another reduction order, new per-rank "
-            "random streams)"
-        )
-
-
-def saved_global_batch(checkpoint: Checkpoint) -> int:
-    """Samples per optimizer step of the run that wrote `checkpoint`, over all its processes."""
-    saved = checkpoint.state["config"]
-    return saved["micro_batch_size"] * saved["grad_accum_steps"] * len(checkpoint.state["ranks"])
-
-
-def world_size_refusal(checkpoint: Checkpoint, config: Config, world_size: int) -> str | None:
-    """Why this run may not continue `checkpoint` on `world_size` processes, or None (the
-    same world size, or a change the config allows)."""
-    saved_world = len(checkpoint.state["ranks"])
-    if saved_world == world_size or config.allow_world_size_change:
-        return None
-    return (
-        f"{checkpoint.folder} was written by {saved_world} process(es) and this run has "
-        f"{world_size}; launch {saved_world}, or add --allow-world-size-change to continue "
-        f"on {world_size} with the same global batch (the numerics change slightly)"
-    )
-
-
-def fit_to_checkpoint(config: Config, world_size: int, resume: bool) -> Config:
-    """The config this run continues its latest checkpoint with. Reads files only: call it
-    before anything is built. With `allow_world_size_change`, the checkpoint's global batch is
-    kept: on another world size split anew (`split_global_batch`, at most the config's
-    `micro_batch_size` per micro-batch), on the same one as the checkpoint split it. Else, or
-    without `resume` or a checkpoint, `config` as it is.
-
-    Raises:
-        ValueError: the world size changed and `allow_world_size_change` is off (the message
-            says what to do); the global batch does not divide by the world size.
-    """
-    latest = find_latest(Path(config.run_dir) / "checkpoints") if resume else None
-    if latest is None:
-        return config
-    if reason := world_size_refusal(latest, config, world_size):
-        raise ValueError(reason)
-    if not config.allow_world_size_change:
-        return config
-    if len(latest.state["ranks"]) == world_size:
-        saved = latest.state["config"]
-        return dataclasses.replace(config, **{key: saved[key] for key in BATCH_SPLIT})
-    global_batch = saved_global_batch(latest)
-    micro, accumulation = split_global_batch(global_batch, world_size, config.micro_batch_size)
-    return dataclasses.replace(config, micro_batch_size=micro, grad_accum_steps=accumulation)
-
-
-class DataPosition:
-    """This rank's RNG states and the train loader's generator state at the current epoch's
-    start: a checkpoint component of its own on every rank (ranks draw differently)."""
-
-    def __init__(self, loader: DataLoader):
-        self.loader = loader
-        self.epoch_start_state = loader.generator.get_state()
-        self.pending_rng: dict[str, Any] | None = None
-        self.replay = True  # read the skipped batches again: their random streams are ours
-        self.iterator: Iterator | None = None  # the current epoch's, across validations
-
-    def batches_from(self, epoch: int, skip: int) -> Iterator:
-        """The current epoch's micro-batches: an iterator `begin_epoch` starts after `skip`
-        on the epoch's first call, and the same one, where it left off, until `end_epoch`."""
-        if self.iterator is None:
-            self.iterator = self.begin_epoch(epoch, skip)
-        return self.iterator
-
-    def begin_epoch(self, epoch: int, skip: int) -> Iterator:
-        """The batches of `epoch` after the first `skip` (micro-batches already trained on)."""
-        iterator = epoch_iterator(self.loader, epoch, self.epoch_start_state, skip, self.replay)
-        self.replay = True
-        if self.pending_rng is not None:  # after the replay, so replayed reads shift no stream
-            restore_rng_state(self.pending_rng)
-            self.pending_rng = None
-        return iterator
-
-    def batches_after(self, samples: int, world_size: int) -> int:
-        """This rank's micro-batches that hold the epoch's first `samples` samples (counted
-        over every rank), at this loader's micro-batch and `world_size`: micro-batch b of every
-        rank holds the order's samples [b, b + 1) x micro_batch_size x world_size.
-
-        Raises:
-            ValueError: `samples` ends inside a micro-batch (not at an optimizer step).
-        """
-        per_batch = self.loader.sampler.batch_size * world_size
-        if samples % per_batch:
-            raise ValueError(
-                f"the checkpoint's data position ({samples} samples into the epoch) is not a "
-                f"whole number of {per_batch}-sample micro-batches; resume it on the process "
-                "count that wrote it"
-            )
-        return min(samples // per_batch, self.batches)
-
-    def start_afresh(self, seed: int, step: int, rank: int) -> None:
-        """Carry on without this rank's saved streams (a checkpoint of another world size):
-        seed every RNG and the loader generator from `derived_seed(seed, step, rank)`, and let
-        the next `begin_epoch` skip the batches trained on without reading them."""
-        derived = derived_seed(seed, step, rank)
-        seed_all(derived)
-        self.epoch_start_state = torch.Generator().manual_seed(derived).get_state()
-        self.pending_rng, self.replay = None, False
-
-    @property
-    def batches(self) -> int:
-        """Micro-batches in one epoch of the training loader."""
-        return len(self.loader)
-
-    def close(self) -> None:
-        """Let the current epoch's iterator, and any loader workers it keeps, go: the run is
-        over (they hold the run folder's lock, which a forked worker shares)."""
-        self.iterator = None
-
-    def end_epoch(self) -> None:
-        """Record where the next epoch starts; let the finished epoch's iterator (and any
-        loader workers it keeps) go."""
-        self.epoch_start_state = self.loader.generator.get_state()
-        self.iterator = None
-
-    def state_dict(self) -> dict[str, Any]:
-        """The live RNG states and the generator state at the epoch's start."""
-        return {"rng": capture_rng_state(), "loader_generator": self.epoch_start_state}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Take a saved position; the RNG states come back once the epoch is replayed."""
-        self.epoch_start_state = state["loader_generator"]
-        self.pending_rng = state["rng"]
-
-
-def starting_state(config: Config, loader: DataLoader, world_size: int) -> TrainState:
-    """Where a run over `loader` at `world_size` starts: step 0 of its first epoch, at the
-    data position of `loader`, with its step budget and its length in steps (the epochs'
-    steps of `grad_accum_steps` micro-batches, or a budget that ends it sooner)."""
-    steps_per_epoch = math.ceil(len(loader) / config.grad_accum_steps)
-    return TrainState(
-        data=DataPosition(loader),
-        step_budget=config.step_budget(world_size),
-        run_steps=config.run_steps(steps_per_epoch, world_size),
-    )
 
 
 def check_resumable(checkpoint: Checkpoint, config: Config, world_size: int) -> str | None:
@@ -279,9 +38,12 @@ def check_resumable(checkpoint: Checkpoint, config: Config, world_size: int) -> 
     """
     saved_format = checkpoint.state.get("format", 1)
     if saved_format != FORMAT_VERSION:
+        release = checkpoint.state.get("scaffold_release", "0.1.0")  # 0.1.0 recorded none
         raise ValueError(
-            f"{checkpoint.folder} has checkpoint format {saved_format} and this code reads "
-            f"format {FORMAT_VERSION}; resume it with the project version that wrote it"
+            f"{checkpoint.folder} has checkpoint format {saved_format}, written by a project of "
+            f"scaffold {release}, and this one (scaffold {SCAFFOLD_RELEASE}) reads format "
+            f"{FORMAT_VERSION}; finish that run with the project as scaffold {release} rendered "
+            "it (its commit before `scaffold update`), or pass run_dir=NEW"
         )
     saved_world = len(checkpoint.state["ranks"])
     if reason := world_size_refusal(checkpoint, config, world_size):
@@ -346,30 +108,6 @@ def data_change(checkpoint: Checkpoint, config: Config) -> str | None:
     return description
 
 
-def enter_run_folder(config: Config, runtime: Runtime, resume: bool) -> None:
-    """With `resume`, refuse a folder where no run has started (a mistyped run_dir would
-    otherwise train from scratch); then mark the folder as a run's (the main process), so that
-    a job requeued with `--resume` after a first launch that ended during set-up still starts
-    the run. A collective, called after the checks that refuse a config and before the costly
-    set-up (the engine).
-
-    Raises:
-        NotARunFolder: `resume`, and no run has started in `run_dir`; nothing is written.
-    """
-    if resume and any_process(runtime.is_main and not holds_a_run(config.run_dir), runtime):
-        raise NotARunFolder(config.run_dir)
-    if runtime.is_main:
-        mark_as_a_run(config.run_dir)
-
-
-def fresh_start_refusal(run_dir: str | Path) -> str:
-    """Why a launch without `--resume` may not start in `run_dir`, which holds checkpoints."""
-    return (
-        f"{run_dir} already holds a run; pass --resume to continue it "
-        "or run_dir=NEW to start another"
-    )
-
-
 def start_or_resume(
     checkpoints: CheckpointManager,
     state: TrainState,
@@ -381,7 +119,8 @@ def start_or_resume(
     is none yet); without, check the run folder is free to start in. A checkpoint of another
     world size (`fit_to_checkpoint` fitted the config to it) continues at its data position,
     with new per-rank random streams (`DataPosition.start_afresh`), and the change is
-    appended to `state.world_size_changes` (a `WorldSizeChange` as a dict).
+    appended to `state.world_size_changes` (a `WorldSizeChange` as a dict). Each checkpoint
+    tried is checked first (`check_resumable`), so `_restore` takes only what may continue.
 
     Raises:
         ValueError: starting over in a folder that holds a run (it would mix two runs);
@@ -401,15 +140,16 @@ def start_or_resume(
             )
         runtime.notice(f"no checkpoint in {checkpoints.directory} yet; starting at step 0")
         return None
-    changed_data = check_resumable(candidates[0], config, runtime.world_size)
-    for checkpoint in candidates[:-1]:
+    for checkpoint in candidates:
+        # Each one checked, the fallbacks too: an earlier checkpoint may hold other settings.
+        changed_data = check_resumable(checkpoint, config, runtime.world_size)
         try:
             folder = _restore(checkpoints, checkpoint, state, changed_data)
             break
         except ValueError as error:  # every process or none fails: loads are collectives
+            if checkpoint is candidates[-1]:
+                raise
             runtime.notice(f"{error}; trying the checkpoint before it")
-    else:
-        folder = _restore(checkpoints, candidates[-1], state, changed_data)
     state.end_used_up_epoch()
     return folder
 
@@ -427,8 +167,6 @@ def _restore(
     if saved_world == runtime.world_size and changed_data is None:
         checkpoints.restore(checkpoint)
         return str(checkpoint.folder)
-    if reason := world_size_refusal(checkpoint, config, runtime.world_size):
-        raise ValueError(reason)
     checkpoints.restore(checkpoint, rank_states=False)
     if changed_data is not None:
         continue_on_new_data(state, config, checkpoints.components["scheduler"], changed_data)

@@ -46,6 +46,10 @@ from ..state_io import (
 from ..training.state import TrainState
 
 FORMAT_VERSION = 1  # of trainer.pt's layout; a resume refuses another (resume.py)
+# The scaffold release whose template rendered this project (a scaffold test holds the two
+# equal): each checkpoint records it, so that a refusal of another format names the release
+# that can finish the run.
+SCAFFOLD_RELEASE = "0.2.0"
 TRAINER_FILE = "trainer.pt"
 WEIGHTS_FILE = "model.safetensors"  # the best checkpoint's weights: the ones to ship
 LAST_WEIGHTS_FILE = "model-last.safetensors"  # the final step's
@@ -214,7 +218,8 @@ class CheckpointManager:
         if self.runtime.is_main:
             shared = {key: component.state_dict() for key, component in self.components.items()}
             state = {"components": shared, "ranks": ranks, "config": self.config.to_dict()}
-            state = copy.deepcopy(state) | {"format": FORMAT_VERSION}  # training goes on
+            written = {"format": FORMAT_VERSION, "scaffold_release": SCAFFOLD_RELEASE}
+            state = copy.deepcopy(state) | written  # a copy: training goes on
         finish = functools.partial(self._finish, name, state, is_best, write_engine)
         if self.writer is not None:
             self.in_flight = self.writer.submit(finish)

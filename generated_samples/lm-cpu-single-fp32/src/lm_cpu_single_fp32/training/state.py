@@ -130,6 +130,12 @@ class TrainState:
             or (self.reached_stop_after(config))
         )
 
+    def note_loss(self, logged: float | None) -> None:
+        """Keep step 1's loss (`logged`: the run log's value of this step, None where it logged
+        none) for the summary's sanity line."""
+        if logged is not None and self.step == 1:
+            self.initial_loss = logged
+
     def advance(self, micro_batches: int) -> None:
         """Count one optimizer step that consumed `micro_batches` micro-batches; an epoch whose
         data is used up ends here."""

@@ -1,8 +1,10 @@
 """The language model's corpus: sources found and read (`sources.py`, `documents.py`), surveyed
 and tokenized in parallel jobs (`survey.py`, `jobs.py`) into memory-mapped token shards with their
-manifest (`shards.py`). `python -m <package>.prepare` drives them."""
+manifest (`shards.py`), by `prepare` (`pipeline.py`), which `python -m <package>.prepare`
+runs."""
 
 from .documents import PIECE_CHARS, Span, read_pieces, text_layout
+from .pipeline import Options, prepare
 from .shards import (
     MANIFEST,
     RUN_MANIFEST,
@@ -21,6 +23,7 @@ __all__ = [
     "Codec",
     "MANIFEST",
     "Manifest",
+    "Options",
     "PIECE_CHARS",
     "RUN_MANIFEST",
     "Span",
@@ -29,6 +32,7 @@ __all__ = [
     "describe_change",
     "find_sources",
     "manifest_at",
+    "prepare",
     "read_manifest",
     "read_pieces",
     "same_tokenizer",

@@ -20,12 +20,20 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from ..checkpoint.resume import check_resumable, fit_to_checkpoint, fresh_start_refusal
+from ..checkpoint.resume import check_resumable
 from ..checkpoint.store import complete_checkpoints, holds_checkpoints
+from ..checkpoint.world_size import fit_to_checkpoint
 from ..config import Config, command_line_parser, config_from_arguments
 from ..data import build_datasets
 from ..engine.build import build_on_meta
-from ..training.run_folder import NotARunFolder, holds_a_run, in_use, in_use_message, mark_as_a_run
+from ..training.run_folder import (
+    NotARunFolder,
+    fresh_start_refusal,
+    holds_a_run,
+    in_use,
+    in_use_message,
+    mark_as_a_run,
+)
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 PROJECT_ROOT = PACKAGE_DIR.parents[1]

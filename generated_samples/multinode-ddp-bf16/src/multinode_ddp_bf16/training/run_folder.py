@@ -10,7 +10,7 @@ a few preemptions would otherwise fill a disk.
 
 `--resume` needs a folder where a run has started (`holds_a_run`): a mistyped run_dir would
 otherwise train from scratch under the name of a run that does not exist. A launch marks its
-folder before its costly set-up (`mark_as_a_run`, from `resume.enter_run_folder`), so a job
+folder before its costly set-up (`mark_as_a_run`, from `enter_run_folder`), so a job
 requeued with `--resume` after a first launch that ended early, even before its first
 checkpoint, still starts the run.
 """
@@ -26,6 +26,7 @@ import weakref
 from collections.abc import Callable
 from pathlib import Path
 
+from ..config import Config
 from ..runtime import Runtime, any_process
 
 LOCK_FILE = ".lock"
@@ -136,3 +137,27 @@ def remove_stale_temporaries(run_dir: Path) -> list[Path]:
         else:
             path.unlink(missing_ok=True)
     return stale
+
+
+def enter_run_folder(config: Config, runtime: Runtime, resume: bool) -> None:
+    """With `resume`, refuse a folder where no run has started (a mistyped run_dir would
+    otherwise train from scratch); then mark the folder as a run's (the main process), so that
+    a job requeued with `--resume` after a first launch that ended during set-up still starts
+    the run. A collective, called after the checks that refuse a config and before the costly
+    set-up (the engine).
+
+    Raises:
+        NotARunFolder: `resume`, and no run has started in `run_dir`; nothing is written.
+    """
+    if resume and any_process(runtime.is_main and not holds_a_run(config.run_dir), runtime):
+        raise NotARunFolder(config.run_dir)
+    if runtime.is_main:
+        mark_as_a_run(config.run_dir)
+
+
+def fresh_start_refusal(run_dir: str | Path) -> str:
+    """Why a launch without `--resume` may not start in `run_dir`, which holds checkpoints."""
+    return (
+        f"{run_dir} already holds a run; pass --resume to continue it "
+        "or run_dir=NEW to start another"
+    )

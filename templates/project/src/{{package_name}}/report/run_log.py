@@ -105,12 +105,13 @@ class RunLog:
         loss: Tensor,
         grad_norm: Tensor,
         lr: float,
-    ) -> None:
+    ) -> float | None:
         """Count one optimizer step of `micro_batches` micro-batches; at step 1 and every
         `log_every` steps (`is_log_step`) sync its loss to the host, the loop's only `.item()`s,
         and log it with `lr` (the rate the step used), the pre-clip gradient norm, the values of
         `also_log`'s sources and the throughput since the previous log line (wall clock,
-        validation excluded).
+        validation excluded). Returns the loss logged (the mean over processes), None at a step
+        not logged.
 
         An inf or NaN loss is logged as it is: training/nonfinite.py decides what it means.
         """
@@ -118,17 +119,16 @@ class RunLog:
         self.stats["samples"] += self.config.global_batch_size(world_size, micro_batches)
         self.bar.update()
         if not is_log_step(state.step, self.config.log_every):
-            return
+            return None
         world = self.runtime.world_size  # every rank logs the same steps: a safe collective
         loss_value = all_reduce_sum(loss.detach().clone(), self.runtime).item() / world
-        if state.step == 1:
-            state.initial_loss = loss_value
         values = {"loss": loss_value, "lr": lr, "grad_norm": grad_norm.item()}
         for source in self.sources:
             values |= source()
         self.write("train", step=state.step, **values, **self._recent_throughput())
         epoch = f"{state.epochs_done():.2f}"
         self.bar.set_postfix(epoch=epoch, loss=f"{loss_value:.4f}", lr=f"{lr:.2e}")
+        return loss_value
 
     def _recent_throughput(self) -> dict[str, float]:
         """The task's rates (`task.throughput`: samples/s and the task's own) since the last
