@@ -70,6 +70,7 @@ DEFAULT_FILES = {
         "engine/strategy",
         "loader/__init__",
         "loader/dataloaders",
+        "loader/samplers",
         "preflight/__init__",
         "preflight/__main__",
         "preflight/checks",

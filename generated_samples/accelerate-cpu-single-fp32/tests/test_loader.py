@@ -13,8 +13,8 @@ from torch.utils.data import BatchSampler, Dataset, DistributedSampler, get_work
 
 from accelerate_cpu_single_fp32.config import Config
 from accelerate_cpu_single_fp32.data import build_datasets
-from accelerate_cpu_single_fp32.loader import epoch_iterator, make_train_loader
-from accelerate_cpu_single_fp32.runtime import init_runtime, set_sampler_epoch
+from accelerate_cpu_single_fp32.loader import epoch_iterator, make_train_loader, set_sampler_epoch
+from accelerate_cpu_single_fp32.runtime import init_runtime
 
 import launcher
 from conftest import PROJECT_ROOT

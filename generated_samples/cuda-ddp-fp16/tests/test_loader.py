@@ -13,8 +13,8 @@ from torch.utils.data import BatchSampler, Dataset, DistributedSampler, get_work
 
 from cuda_ddp_fp16.config import Config
 from cuda_ddp_fp16.data import build_datasets
-from cuda_ddp_fp16.loader import epoch_iterator, make_train_loader
-from cuda_ddp_fp16.runtime import init_runtime, set_sampler_epoch
+from cuda_ddp_fp16.loader import epoch_iterator, make_train_loader, set_sampler_epoch
+from cuda_ddp_fp16.runtime import init_runtime
 
 import launcher
 from conftest import PROJECT_ROOT

@@ -13,8 +13,8 @@ from torch.utils.data import BatchSampler, Dataset, DistributedSampler, get_work
 
 from fabric_cpu_ddp_fp32.config import Config
 from fabric_cpu_ddp_fp32.data import build_datasets
-from fabric_cpu_ddp_fp32.loader import epoch_iterator, make_train_loader
-from fabric_cpu_ddp_fp32.runtime import init_runtime, set_sampler_epoch
+from fabric_cpu_ddp_fp32.loader import epoch_iterator, make_train_loader, set_sampler_epoch
+from fabric_cpu_ddp_fp32.runtime import init_runtime
 
 import launcher
 from conftest import PROJECT_ROOT

@@ -13,8 +13,8 @@ from torch.utils.data import BatchSampler, Dataset, DistributedSampler, get_work
 
 from fabric_cpu_single_bf16.config import Config
 from fabric_cpu_single_bf16.data import build_datasets
-from fabric_cpu_single_bf16.loader import epoch_iterator, make_train_loader
-from fabric_cpu_single_bf16.runtime import init_runtime, set_sampler_epoch
+from fabric_cpu_single_bf16.loader import epoch_iterator, make_train_loader, set_sampler_epoch
+from fabric_cpu_single_bf16.runtime import init_runtime
 
 import launcher
 from conftest import PROJECT_ROOT

@@ -13,8 +13,8 @@ from torch.utils.data import BatchSampler, Dataset, DistributedSampler, get_work
 
 from lm_fsdp2_bf16.config import Config
 from lm_fsdp2_bf16.data import build_datasets
-from lm_fsdp2_bf16.loader import epoch_iterator, make_train_loader
-from lm_fsdp2_bf16.runtime import init_runtime, set_sampler_epoch
+from lm_fsdp2_bf16.loader import epoch_iterator, make_train_loader, set_sampler_epoch
+from lm_fsdp2_bf16.runtime import init_runtime
 
 import launcher
 from conftest import PROJECT_ROOT

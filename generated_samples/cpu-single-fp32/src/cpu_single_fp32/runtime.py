@@ -1,13 +1,12 @@
 """Where this run executes: one process on one device.
 
 Every project's `runtime.py` exports the same names (`Runtime`, `init_runtime`, reductions,
-samplers, `barrier`, `shutdown_runtime`), so `train.py` reads the same for any process count.
+`barrier`, `shutdown_runtime`), so `train.py` reads the same for any process count.
 With one process, reductions return their input and there is nothing to wait for.
 """
 
 from __future__ import annotations
 
-import math
 import signal
 import sys
 from dataclasses import dataclass
@@ -15,7 +14,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset, DistributedSampler, Sampler, SequentialSampler
 from tqdm import tqdm
 
 # DataLoader workers start the platform's default way (a plain fork on Linux, the quickest):
@@ -90,29 +88,6 @@ def gather_objects(obj: Any, runtime: Runtime) -> list[Any]:
 def any_process(flag: bool, runtime: Runtime) -> bool:
     """True if `flag` is True on any process: with one process, `flag` itself."""
     return flag
-
-
-def most_eval_batches(dataset: Dataset, micro_batch_size: int, runtime: Runtime) -> int:
-    """The number of validation batches of the process that has the most: here, its own."""
-    return math.ceil(len(dataset) / micro_batch_size)
-
-
-def train_sampler(dataset: Dataset, seed: int, generator: torch.Generator) -> Sampler:
-    """A shuffle seeded by `seed` and the epoch (`set_sampler_epoch`) alone: a multi-process
-    runtime shuffles the same way, so one process trains on the same global batches as N
-    (each of N ranks takes its slice of them; MosaicML Streaming calls this elastic
-    determinism). `generator` drives only the workers' seeds here, not the order."""
-    return DistributedSampler(dataset, 1, 0, shuffle=True, seed=seed, drop_last=True)
-
-
-def eval_sampler(dataset: Dataset) -> Sampler:
-    """Every sample once, in order."""
-    return SequentialSampler(dataset)
-
-
-def set_sampler_epoch(sampler: Sampler, epoch: int) -> None:
-    """Reshuffle for `epoch`: without it every epoch repeats the same order."""
-    sampler.set_epoch(epoch)
 
 
 def barrier(runtime: Runtime) -> None:

@@ -1,27 +1,23 @@
 """Where this run executes: one process per device, launched by torchrun, in one process group.
 
 Every project's `runtime.py` exports the same names (`Runtime`, `init_runtime`, reductions,
-samplers, `barrier`, `shutdown_runtime`), so `train.py` reads the same for any process count.
+`barrier`, `shutdown_runtime`), so `train.py` reads the same for any process count.
 """
 
 from __future__ import annotations
 
 import gc
-import math
 import multiprocessing
 import os
 import signal
 import sys
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch.utils.data import Dataset, Sampler
-from torch.utils.data.distributed import DistributedSampler
 from tqdm import tqdm
 
 # DataLoader workers start from a clean forkserver process: a fork taken while one of the
@@ -131,49 +127,6 @@ def any_process(flag: bool, runtime: Runtime) -> bool:
     total = torch.tensor([int(flag)])
     dist.all_reduce(total, op=dist.ReduceOp.SUM, group=runtime.control_group)
     return bool(total.item())
-
-
-def most_eval_batches(dataset: Dataset, micro_batch_size: int, runtime: Runtime) -> int:
-    """The number of validation batches of the process that has the most: rank 0's
-    `ceil(len / world_size)` samples (`ShardSampler`), in batches of `micro_batch_size`."""
-    return math.ceil(math.ceil(len(dataset) / runtime.world_size) / micro_batch_size)
-
-
-def train_sampler(dataset: Dataset, seed: int, generator: torch.Generator) -> Sampler:
-    """This rank's share of a shuffle seeded by `seed` and the epoch (`set_sampler_epoch`);
-    `generator` drives only the workers' seeds here, not the order.
-
-    The tail that does not divide by the world size is dropped, so every rank runs the same
-    number of steps; rank r takes positions r, r + world_size, ... of the shuffled order.
-    """
-    return DistributedSampler(dataset, shuffle=True, seed=seed, drop_last=True)
-
-
-class ShardSampler(Sampler[int]):
-    """Indices rank, rank + world_size, ...: every sample exactly once over all ranks.
-
-    DistributedSampler pads the last shard with repeated samples, which would count some
-    validation samples twice.
-    """
-
-    def __init__(self, dataset: Dataset, rank: int, world_size: int):
-        self.indices = range(rank, len(dataset), world_size)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.indices)
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-
-def eval_sampler(dataset: Dataset) -> Sampler:
-    """This rank's shard of the validation set, without padding."""
-    return ShardSampler(dataset, dist.get_rank(), dist.get_world_size())
-
-
-def set_sampler_epoch(sampler: Sampler, epoch: int) -> None:
-    """Reshuffle for `epoch`: without it every epoch repeats the same order."""
-    sampler.set_epoch(epoch)
 
 
 def barrier(runtime: Runtime) -> None:

@@ -17,15 +17,8 @@ from torch import Tensor
 from torch.utils.data import BatchSampler, DataLoader, Dataset
 
 from ..config import Config
-from ..runtime import (
-    STOP_SIGNALS,
-    WORKER_CONTEXT,
-    Runtime,
-    eval_sampler,
-    most_eval_batches,
-    set_sampler_epoch,
-    train_sampler,
-)
+from ..runtime import STOP_SIGNALS, WORKER_CONTEXT, Runtime
+from .samplers import eval_sampler, most_eval_batches, set_sampler_epoch, train_sampler
 
 
 def seed_worker(worker_id: int) -> None:
@@ -75,8 +68,8 @@ class SkippingBatchSampler(BatchSampler):
 def make_train_loader(dataset: Dataset, config: Config, runtime: Runtime) -> DataLoader:
     """Shuffled loader of this process's `micro_batch_size` batches (last partial one dropped).
 
-    The order is the runtime's sampler's: a shuffle of the seed and the epoch alone, whatever
-    the world size, of which each rank takes its slice. One `torch.Generator` seeded with
+    The order is `train_sampler`'s (samplers.py): a shuffle of the seed and the epoch alone,
+    whatever the world size, of which each rank takes its slice. One `torch.Generator` seeded with
     `config.seed + rank` drives the workers' base seeds, so ranks draw different random
     streams; `epoch_iterator` restores it to replay an epoch exactly. Workers are not
     persistent: a persistent worker's RNG would carry over epochs and could not be replayed.
@@ -87,7 +80,7 @@ def make_train_loader(dataset: Dataset, config: Config, runtime: Runtime) -> Dat
     """
     generator = torch.Generator().manual_seed(config.seed + runtime.rank)
     sampler = SkippingBatchSampler(
-        train_sampler(dataset, config.seed, generator), config.micro_batch_size, drop_last=True
+        train_sampler(dataset, config.seed, runtime), config.micro_batch_size, drop_last=True
     )
     if len(sampler) == 0:
         raise ValueError(
@@ -114,7 +107,7 @@ def make_eval_loader(dataset: Dataset, config: Config, runtime: Runtime) -> Data
     """
     if len(dataset) == 0:
         raise ValueError("the validation split is empty; raise val_fraction or the data size")
-    sampler = BatchSampler(eval_sampler(dataset), config.micro_batch_size, drop_last=False)
+    sampler = BatchSampler(eval_sampler(dataset, runtime), config.micro_batch_size, drop_last=False)
     return DataLoader(
         dataset, sampler=sampler, batch_size=None, pin_memory=runtime.device.type == "cuda"
     )
