@@ -20,11 +20,17 @@ NOTES: dict[str, str] = {
     "0.2.0": (
         "the package's machinery moved into folders (engine/, training/, checkpoint/, loader/, "
         "corpus/, report/, preflight/); your files (model.py, data.py, task.py, task_config.py, "
-        "planned.py, config.py, runtime.py, state_io.py) and the commands (python -m "
-        "<package>.train and the rest) stay where they were. Your edits of a moved file are "
-        "merged into its new path (listed above); an import of a moved module in your own "
-        "code or tests needs its new path, e.g. <package>.progress -> <package>.training. "
-        "Checkpoints written before this update resume after it."
+        "planned.py), what they import (config.py, runtime.py, state_io.py) and the commands "
+        "(python -m <package>.train and the rest) stay where they were. Your edits of a moved "
+        "file are merged into its new path, which the update names; an import of a moved "
+        "module in your own code or tests needs its new path, e.g. <package>.progress -> "
+        "<package>.training. "
+        "Parts of three files moved to files of their own: resume.py's seeding, data position "
+        "and world-size change (training/seeding.py, training/data_position.py, "
+        "checkpoint/world_size.py), runtime.py's samplers (loader/samplers.py) and prepare.py's "
+        "library (corpus/pipeline.py); an edit of yours there comes back as a conflict at the "
+        "old place: move it to the new file. Checkpoints written before this update resume "
+        "after it."
     ),
 }
 

@@ -6,6 +6,7 @@ after it, ending bitwise where the same run ends that never updated."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -150,6 +151,8 @@ def test_an_update_into_the_package_tree_keeps_the_owners_edits_and_resumes_bitw
     for folder in (project, never_updated):
         finished = train(folder, processes, *RUN, "--resume")
         assert finished.returncode == 0, f"{folder.name}: {finished.stderr[-3000:]}"
+    summary = json.loads((project / "runs" / "a" / "summary.json").read_text())
+    assert summary["resumed_from"] and summary["steps"] > STOP_AT, summary
     expected = load_file(never_updated / "runs" / "a" / "model-last.safetensors")
     resumed = load_file(project / "runs" / "a" / "model-last.safetensors")
     assert expected.keys() == resumed.keys()
