@@ -38,7 +38,7 @@ GIB = 2**30
 
 
 def launch_facts(nodes: int, per_node: int, device: dict | None = None, **env: str) -> list[dict]:
-    """The facts `preflight_facts.observe` reports, for `nodes` x `per_node` ranks started by
+    """The facts `facts.observe` reports, for `nodes` x `per_node` ranks started by
     the launcher with the variables `env` added."""
     facts = []
     for rank in range(nodes * per_node):

@@ -39,12 +39,12 @@ class TrainState:
     the step of the latest validation (-1: none yet); `history` holds each validation's
     metrics with its step and `epoch`, the epochs trained by then (fractional, from 0), as
     does `best_epoch`. Early stopping counts validations (`validations_without_improvement`).
-    Not saved: `data`, the training data's position (`resume.DataPosition`: its own
+    Not saved: `data`, the training data's position (`data_position.DataPosition`: its own
     checkpoint component, one per rank); `step_budget`, the steps the run may take besides its
     epochs (`Config.step_budget`; 0: none); `run_steps`, the run's length in steps
     (`Config.run_steps`), which its LR schedule spans. `world_size_changes` records each resume
-    on another number of processes (`resume.WorldSizeChange` as a dict), `data_changes` each
-    one on changed data (`resume.continue_on_new_data`).
+    on another number of processes (`checkpoint.world_size.WorldSizeChange` as a dict),
+    `data_changes` each one on changed data (`checkpoint.resume.continue_on_new_data`).
     """
 
     step: int = 0

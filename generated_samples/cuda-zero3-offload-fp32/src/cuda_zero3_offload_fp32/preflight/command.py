@@ -144,7 +144,7 @@ class RankExchange:
 
 
 def local_facts(config: Config, resume: bool) -> dict[str, Any]:
-    """This rank's facts (`preflight_facts.observe`) on the device the run resolves to."""
+    """This rank's facts (`facts.observe`) on the device the run resolves to."""
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     try:
         device: torch.device | str = resolve_device(config.device, local_rank)

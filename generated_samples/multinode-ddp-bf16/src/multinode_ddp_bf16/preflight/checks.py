@@ -331,7 +331,7 @@ def host_memory_line(facts: list[dict[str, Any]], num_workers: int, parameters: 
 
 
 def rehearsal_line(results: list[dict[str, Any]]) -> Line:
-    """The rehearsal's verdict over every rank's figures (preflight_step.rehearse): FAIL names
+    """The rehearsal's verdict over every rank's figures (step.rehearse): FAIL names
     a rank whose step, save or load raised, or whose loaded weights did not give back the
     saved loss (after later steps had moved it)."""
     if failed := [rank for rank, result in enumerate(results) if "error" in result]:
