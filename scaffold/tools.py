@@ -23,8 +23,11 @@ CACHE_GIT_IDENTITY = {
 }
 
 
-def run_git(*args: str, cwd: Path, env: dict[str, str] | None = None) -> str:
-    """Run git with a neutral configuration (no user excludes or hooks) and return stdout."""
+def run_git(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, stdin: str | None = None
+) -> str:
+    """Run git with a neutral configuration (no user excludes or hooks), `stdin` on its stdin,
+    and return stdout. Bytes that are not UTF-8 pass through as surrogate escapes."""
     command = [
         "git",
         "-c",
@@ -37,8 +40,10 @@ def run_git(*args: str, cwd: Path, env: dict[str, str] | None = None) -> str:
         command,
         cwd=cwd,
         env={**os.environ, **(env or {})},
+        input=stdin,
         capture_output=True,
-        text=True,
+        encoding="utf-8",
+        errors="surrogateescape",
     )
     if result.returncode != 0:
         message = result.stderr.strip().splitlines()[-1:] or ["(no message)"]

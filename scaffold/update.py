@@ -301,7 +301,8 @@ class _Merge:
     def run(self, folder: Path, result: UpdateResult) -> None:
         """Update the project checked out at `folder`: copier, then (not for a recopy) the
         owner's edits of moved and removed files (`carry_edits`) and `configs/train.toml` key
-        by key. Sets `result`'s conflicts, config notes, carried and kept files."""
+        by key; the files it created are intended for the next commit (`intend_to_add`). Sets
+        `result`'s conflicts, config notes, carried and kept files."""
         config = folder / CONFIG
         mine = config.read_text() if config.is_file() and not self.recopy else None
         skip = [CONFIG] if mine is not None else []
@@ -324,6 +325,7 @@ class _Merge:
             if merged.conflicted:
                 conflicts = sorted({*conflicts, CONFIG})
         result.conflicts = conflicts
+        intend_to_add(folder, self.renders.folder(new))
 
 
 @dataclass(frozen=True)
@@ -401,12 +403,44 @@ def carry_edits(
             carried.moved[edit.path] = target
             if "<<<<<<< " in merged:
                 carried.conflicts.append(target)
+                mark_unmerged(project, target, (base, edit.text, theirs))
         else:
             destination = project / edit.path
             destination.parent.mkdir(parents=True, exist_ok=True)
             destination.write_text(edit.text, errors="surrogateescape")
             carried.kept.append(edit.path)
     return carried
+
+
+def mark_unmerged(project: Path, path: str, sides: tuple[str, str, str]) -> None:
+    """Record `path` (relative to `project`) in git's index as unmerged, its stages 1 to 3 the
+    `sides` (the old render, the owner's file, the new render), as git records a conflict of its
+    own merges: `git status` shows it `UU`, `git diff --diff-filter=U` lists it, and `git add`
+    marks it resolved (git-read-tree(1), "3-Way Merge").
+
+    Raises:
+        RenderError: git failed.
+    """
+    prefix = run_git("rev-parse", "--show-prefix", cwd=project)  # a project in a larger repo
+    entries = []
+    for stage, text in enumerate(sides, start=1):
+        blob = run_git("hash-object", "-w", "--stdin", cwd=project, stdin=text)
+        entries.append(f"100644 {blob} {stage}\t{prefix}{path}")
+    run_git("update-index", "--index-info", cwd=project, stdin="\n".join(entries) + "\n")
+
+
+def intend_to_add(project: Path, rendered: Path) -> None:
+    """Mark the files of `rendered` (a render of the new template) that the update created in
+    `project` as intended for the next commit (`git add --intent-to-add`): `git diff` shows them
+    and `git commit -a` takes them with the rest, where untracked they would be left out.
+
+    Raises:
+        RenderError: git failed.
+    """
+    untracked = run_git("ls-files", "--others", "--exclude-standard", "-z", cwd=project)
+    new = sorted(set(untracked.split("\0")) & set(_files_under(rendered)))
+    if new:
+        run_git("add", "--intent-to-add", "--", *new, cwd=project)
 
 
 def dropped_changes(

@@ -147,6 +147,7 @@ def test_an_update_into_the_package_tree_keeps_the_owners_edits_and_resumes_bitw
         assert "<<<<<<<" not in new.read_text()
         assert not (package / name).exists(), f"{name} left behind"
     assert f"_commit: v{__version__}" in (project / ".copier-answers.yml").read_text()
+    assert "??" not in git(project, "status", "--porcelain"), "the new paths go with commit -a"
 
     for folder in (project, never_updated):
         finished = train(folder, processes, *RUN, "--resume")

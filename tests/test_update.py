@@ -105,6 +105,8 @@ def test_clean_update_keeps_the_owners_edit_and_brings_the_fix(project, new_temp
     assert CONFIG_FIX in (project / "configs" / "train.toml").read_text()
     answers = (project / ".copier-answers.yml").read_text()
     assert f"_commit: v{NEW_VERSION}" in answers
+    # A file the update created is intended for the commit: `git commit -a` takes it.
+    assert " A docs/CHANGES.md" in git(project, "status", "--porcelain")
     assert "log_backend: jsonl" in answers, "a new question takes its default"
     refs = git(project, "for-each-ref", "--format=%(refname)", "refs/scaffold")
     assert f"refs/scaffold/templates/v{NEW_VERSION}" in refs
@@ -550,6 +552,7 @@ def test_a_moved_file_the_template_also_changed_merges_the_owners_edits_at_its_n
     result = update_project(project, template=new_template, version=NEW_VERSION)
     assert result.carried == moves
     assert result.conflicts == ["src/demo/loading/loader.py"]
+    assert "UU src/demo/loading/loader.py" in git(project, "status", "--porcelain")
     merged = (project / "src/demo/shared/replicated.py").read_text()
     assert "My notes on the engine." in merged and ENGINE_FIX in merged
     conflicted = (project / "src/demo/loading/loader.py").read_text()

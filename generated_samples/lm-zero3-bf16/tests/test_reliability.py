@@ -264,8 +264,12 @@ def rewrite_trainer_state(folder: Path, change) -> None:
     "change, message",
     [
         (
-            lambda state: state.update(format=99, scaffold_release="0.9.0"),
-            "format 99, written by a project of scaffold 0.9.0, .* as scaffold 0.9.0 rendered it",
+            lambda state: state.update(format=99, scaffold_release="9.0.0"),
+            "format 99, written by a project of scaffold 9.0.0, .*; `scaffold update` this project",
+        ),
+        (
+            lambda state: state.update(format=0, scaffold_release="0.0.1"),
+            "format 0, written by .* 0.0.1, .* finish that run with the project as scaffold 0.0.1",
         ),
         (lambda state: state["ranks"].append(state["ranks"][0]), "written by 2 process"),
         (lambda state: state["config"].update(seed=7), "changed seed"),

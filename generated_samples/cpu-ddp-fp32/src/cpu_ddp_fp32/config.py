@@ -230,7 +230,8 @@ def command_parser(description: str) -> argparse.ArgumentParser:
     <package>.<command>`, not its file's name) and taking no abbreviated flag (`--res` is no
     `--resume`: a typo does not resume a run)."""
     spec = getattr(sys.modules["__main__"], "__spec__", None)
-    program = f"python -m {spec.name}" if spec is not None else None
+    # A package run with -m (`<package>.preflight`) runs its __main__ module.
+    program = f"python -m {spec.name.removesuffix('.__main__')}" if spec is not None else None
     return argparse.ArgumentParser(prog=program, description=description, allow_abbrev=False)
 
 

@@ -39,11 +39,16 @@ def check_resumable(checkpoint: Checkpoint, config: Config, world_size: int) -> 
     saved_format = checkpoint.state.get("format", 1)
     if saved_format != FORMAT_VERSION:
         release = checkpoint.state.get("scaffold_release", "0.1.0")  # 0.1.0 recorded none
-        raise ValueError(
+        written = (
             f"{checkpoint.folder} has checkpoint format {saved_format}, written by a project of "
-            f"scaffold {release}, and this one (scaffold {SCAFFOLD_RELEASE}) reads format "
-            f"{FORMAT_VERSION}; finish that run with the project as scaffold {release} rendered "
-            "it (its commit before `scaffold update`), or pass run_dir=NEW"
+            f"scaffold {release}, and this project (scaffold {SCAFFOLD_RELEASE}) reads format "
+            f"{FORMAT_VERSION}"
+        )
+        if saved_format > FORMAT_VERSION:
+            raise ValueError(f"{written}; `scaffold update` this project, or pass run_dir=NEW")
+        raise ValueError(
+            f"{written}; finish that run with the project as scaffold {release} rendered it "
+            "(its commit before `scaffold update`), or pass run_dir=NEW"
         )
     saved_world = len(checkpoint.state["ranks"])
     if reason := world_size_refusal(checkpoint, config, world_size):
