@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import shutil
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO_ROOT, run_scaffold
+from conftest import REPO_ROOT, run_in_project, run_scaffold
 from packaging.version import Version
 from safetensors.torch import load_file
 
@@ -102,11 +100,9 @@ def render_previous(answers: dict, dest: Path, templates: Path, monkeypatch) -> 
 
 def train(project: Path, processes: int, *overrides: str) -> subprocess.CompletedProcess:
     """`python -m demo.train OVERRIDES` in `project`, under torchrun with `processes` > 1."""
-    env = {**os.environ, "PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1"}
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    launch += [f"--nproc-per-node={processes}"]
-    command = [*(launch if processes > 1 else [sys.executable]), "-m", "demo.train", *overrides]
-    return subprocess.run(command, cwd=project, env=env, capture_output=True, text=True)
+    torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
+    launch = torchrun if processes > 1 else []
+    return run_in_project(project, *launch, "-m", "demo.train", *overrides)
 
 
 def git(project: Path, *args: str) -> str:
