@@ -1,3 +1,3 @@
 """scaffold: render runnable, correct-by-construction PyTorch training projects."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

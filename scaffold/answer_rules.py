@@ -11,6 +11,7 @@ from typing import Any
 from scaffold.answers import QUESTION_BY_KEY, Answers, parse_model_size
 from scaffold.errors import AnswerError, NotAvailableYet
 from scaffold.fitting import SHARDED_STRATEGIES, check_capacity, hardware_recipe, model_shape
+from scaffold.hub_folder import read_hub_folder
 from scaffold.recipes import GPT3_CONTEXT
 from scaffold.renderable import FRAMEWORK_RENDERS, framework_renders
 from scaffold.shapes import largest_decoder
@@ -128,6 +129,17 @@ def _fits_somewhere(values: Mapping[str, Any]) -> None:
     check_capacity(answers, model_shape(answers.task, answers.model_params, recipe))
 
 
+def _init_from_is_a_model_folder(values: Mapping[str, Any]) -> None:
+    if not values["init_from"]:
+        return
+    if values["task"] != "language-model":
+        raise AnswerError(
+            "init_from starts a language model from a Hugging Face folder; answer "
+            "task=language-model, or leave init_from empty"
+        )
+    read_hub_folder(values["init_from"], 1)
+
+
 RULES: tuple[tuple[tuple[str, ...], Callable[[Mapping[str, Any]], None]], ...] = (
     (("hardware", "gpu_arch"), _cuda_needs_an_architecture),
     (("hardware", "gpu_memory_gb"), _cuda_needs_its_memory),
@@ -139,6 +151,7 @@ RULES: tuple[tuple[tuple[str, ...], Callable[[Mapping[str, Any]], None]], ...] =
     (("task", "model_size"), _image_model_size),
     (("task", "model_size"), _decoder_size),
     (("framework",), _framework_renders),
+    (("task", "init_from"), _init_from_is_a_model_folder),
     (("task", "model_size", "hardware", "host_memory_gb"), _fits_somewhere),
 )
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scaffold.errors import AnswerError
+from scaffold.hub_folder import read_hub_folder
 from scaffold.renderable import RENDERS
 
 
@@ -33,6 +34,8 @@ class Question:
     default: Any
     choices: tuple[str, ...] = ()  # what renders (`renderable.RENDERS`); () for a free answer
     only_for_cuda: bool = False
+    only_for_language_model: bool = False
+    derived_from_init_from: bool = False  # a model folder's config.json answers it
     maximum: float | None = None  # the largest number accepted
     positive: bool = False  # 0 cannot be the answer where the question is asked
     beyond: str = ""  # why a larger number cannot be right, for the refusal
@@ -51,6 +54,16 @@ class Question:
             return f"more than 0 and at most {self.maximum:,g}"
         low = "1" if self.kind is int else "0"
         return f"{low} to {self.maximum:,g}" if self.maximum else KIND_NAMES[self.kind]
+
+    def asked(self, known: Mapping[str, Any]) -> bool:
+        """Whether the questionnaire asks this question after the answers `known`: a GPU's
+        only for CUDA, the language model's only for it, and none that `init_from`'s folder
+        answers."""
+        if self.only_for_cuda and known.get("hardware") != "cuda":
+            return False
+        if self.only_for_language_model and known.get("task") != "language-model":
+            return False
+        return not (self.derived_from_init_from and known.get("init_from"))
 
     def hint(self) -> str:
         """A valid answer, as `--data KEY=VALUE` takes it."""
@@ -71,6 +84,15 @@ QUESTIONS: tuple[Question, ...] = (
         str,
         "image-classification",
         RENDERS["task"],
+    ),
+    Question(
+        "init_from",
+        "Start from: a Hugging Face model folder (empty: from scratch)",
+        str,
+        "",
+        takes="a folder holding config.json, safetensors weights and tokenizer.json, or nothing",
+        example="/models/SmolLM2-135M",
+        only_for_language_model=True,
     ),
     Question("hardware", "Hardware", str, "cpu", RENDERS["hardware"]),
     Question(
@@ -127,6 +149,16 @@ QUESTIONS: tuple[Question, ...] = (
         str,
         "100K",
         takes="a parameter count: a number with an optional K, M, B or T, e.g. 100K, 2.5M, 7B, 1e6",
+        derived_from_init_from=True,
+    ),
+    Question(
+        "model_family",
+        "Model family (language model): GPT-2-style or Llama-style decoder",
+        str,
+        "gpt2",
+        RENDERS["model_family"],
+        only_for_language_model=True,
+        derived_from_init_from=True,
     ),
     Question(
         "framework",
@@ -169,6 +201,7 @@ PROJECT_IMPORTS = frozenset(
         "deepspeed",
         "wandb",
         "tokenizers",
+        "transformers",  # the language model's tests: the reference loader
         "pyarrow",
         "zstandard",
         "pytest",
@@ -223,6 +256,8 @@ class Answers:
     gpu_memory_gb: float
     host_memory_gb: float
     model_size: str
+    model_family: str
+    init_from: str
     framework: str
     strategy: str
     precision: str
@@ -458,6 +493,41 @@ def build_answers(values: Mapping[str, Any]) -> Answers:
     typed = {q.key: coerce(q, values[q.key]) for q in QUESTIONS}
     typed["package_name"] = package_name_for(typed["project_name"])
     parse_model_size(typed["model_size"])
+    if typed["init_from"]:
+        typed.update(pretrained_answers(typed, values))
     if typed["hardware"] != "cuda":  # GPU answers mean nothing without a GPU
         typed.update(gpu_arch="none", gpus_per_node=1, num_nodes=1, gpu_memory_gb=0.0)
     return Answers(**typed)
+
+
+def pretrained_answers(typed: dict[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
+    """`model_size` and `model_family` as `init_from`'s config.json gives them: its parameter
+    count and family.
+
+    Raises:
+        AnswerError: a folder `read_hub_folder` refuses; a
+            `model_size` or `model_family` answered beside it that contradicts it (a size more
+            than 10% off its count).
+    """
+    if typed["task"] != "language-model":
+        raise AnswerError(
+            "init_from starts a language model from a Hugging Face folder; set task=language-model"
+        )
+    shape = read_hub_folder(typed["init_from"], 1)
+    answered = values.maps[:-1] if isinstance(values, ChainMap) else [values]
+    if any("model_size" in source for source in answered):
+        asked = parse_model_size(typed["model_size"])
+        if abs(asked - shape.params) > shape.params / 10:
+            raise AnswerError(
+                f"model_size {typed['model_size']} contradicts init_from {typed['init_from']}, "
+                f"a model of {shape.params:,} parameters; leave model_size out"
+            )
+    if (
+        any("model_family" in source for source in answered)
+        and typed["model_family"] != shape.family
+    ):
+        raise AnswerError(
+            f"model_family {typed['model_family']} contradicts init_from {typed['init_from']}, "
+            f"a {shape.model_type} model ({shape.family} family); leave model_family out"
+        )
+    return {"model_size": str(shape.params), "model_family": shape.family}

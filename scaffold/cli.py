@@ -117,8 +117,10 @@ def answer_keys_help() -> str:
         default = "DEST's name" if question.default is None else str(question.default)
         default = default.lower() if question.kind is bool else default
         default = "none" if question.positive and not question.default else default
-        cuda = "; hardware=cuda only" if question.only_for_cuda else ""
-        lines.append(f"  {question.key:<15} {question.prompt} (default {default}{cuda})")
+        only = "; hardware=cuda only" if question.only_for_cuda else ""
+        only += "; task=language-model only" if question.only_for_language_model else ""
+        only += "; init_from's config.json sets it" if question.derived_from_init_from else ""
+        lines.append(f"  {question.key:<15} {question.prompt} (default {default}{only})")
         lines.append(f"  {'':<15}   {question.accepted()}")
     return "\n".join(lines)
 

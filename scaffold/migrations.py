@@ -32,6 +32,14 @@ NOTES: dict[str, str] = {
         "old place: move it to the new file. Checkpoints written before this update resume "
         "after it."
     ),
+    "0.3.0": (
+        "language-model projects gain the Hugging Face border: model_family (gpt2, llama: the "
+        "new llama.py) and init_from (a model folder to start from) in configs/train.toml, "
+        "hub/ (config.json, safetensors import, export) and python -m <package>.export. "
+        "model.py's build_model now reads both keys: where you edited model.py, the update "
+        "merges its new build_model and model_architecture beside your edits; data.py and "
+        "task.py are unchanged"
+    ),
 }
 
 # version → {old path: new path}, relative to the project; "{package}" is the package's name.

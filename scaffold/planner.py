@@ -35,6 +35,7 @@ from scaffold.fitting import (
     usable_bytes,
     why_not,
 )
+from scaffold.hub_folder import HubDecoderShape, read_hub_folder
 from scaffold.memory import Estimate, gib
 from scaffold.recipes import SMALL_LM_RECIPE, Recipe, total_steps, within_accumulation
 from scaffold.renderable import framework_renders
@@ -180,6 +181,9 @@ def plan(answers: Answers) -> Plan:
         )
     recipe = hardware_recipe(answers)
     shape = model_shape(answers.task, answers.model_params, recipe)
+    if answers.init_from:
+        shape = read_hub_folder(answers.init_from, recipe.block_size)
+        recipe = continued_training(recipe, shape)
     search = StrategySearch(answers, precision.value, shape, recipe)
     strategy, chosen, fit_warnings = _choose_strategy(search)
     if (
@@ -371,7 +375,13 @@ def _settings(answers: Answers, recipe: Recipe, chosen: Fit) -> dict[str, Settin
         settings["corpus_bytes"] = Setting(recipe.corpus_bytes, corpus)
         tokenizer, vocabulary = _tokenizer_sources(recipe)
         settings["tokenizer"] = Setting(recipe.tokenizer, recipe.note("tokenizer", tokenizer))
-        settings["vocab_size"] = Setting(recipe.vocab_size, vocabulary)
+        settings["vocab_size"] = Setting(recipe.vocab_size, recipe.note("vocab_size", vocabulary))
+        family = recipe.note(
+            "model_family", "as answered (model.py: gpt2 ByteGPT, llama.py: Llama)"
+        )
+        settings["model_family"] = Setting(answers.model_family, family)
+        start = "as answered: the engines load its weights" if answers.init_from else "scratch"
+        settings["init_from"] = Setting(answers.init_from, start)
     peak = f"~{gib(chosen.estimate.peak)} of {gib(usable)} GiB usable per device"
     if not usable:
         micro = f"the whole {per_process} {unit} per process (memory not given: not checked)"
@@ -467,9 +477,56 @@ def _tokenizer_sources(recipe: Recipe) -> tuple[str, str]:
     )
 
 
+# Continued training starts from a model at the end of its schedule: a peak learning rate a
+# tenth of pretraining's for its size, as Llama 2 fine-tuned its 7B at 2e-5 after pretraining
+# at 3e-4 (Touvron et al. 2023b, sections 2.2 and 3.1), and a short warmup that re-warms it
+# (Gupta et al. 2023, "Continual Pre-Training of Large Language Models: How to (re)warm your
+# model?": a re-warm of ~1% of the steps): a tenth of the recipe's own warmup here.
+CONTINUED_LR_FRACTION = 0.1
+CONTINUED_WARMUP_FRACTION = 0.1
+
+
+def continued_training(recipe: Recipe, shape: HubDecoderShape) -> Recipe:
+    """`recipe` for a model that starts from `shape.folder`'s weights: its context (at most
+    the model's), vocabulary and tokenizer.json, and a tenth of the peak learning rate."""
+    folder = shape.folder
+    notes = (
+        (
+            "block_size",
+            f"{recipe.note('block_size', recipe.name + ' context')}, at most {folder}'s "
+            f"{shape.max_positions}",
+        ),
+        (
+            "lr",
+            f"a tenth of {recipe.name}'s peak {recipe.lr:g} for continued training (Llama 2 "
+            "fine-tuned at 2e-5 after pretraining at 3e-4: Touvron et al. 2023b, §2.2, §3.1)",
+        ),
+        ("tokenizer", f"{folder}'s own: its ids are what the model was trained on"),
+        ("model_family", f"{folder}'s config.json: {shape.model_type}"),
+        ("vocab_size", f"{folder}'s config.json: its embedding's rows"),
+        (
+            "warmup_steps",
+            f"a tenth of {recipe.name}'s warmup: a short re-warm of a trained model (Gupta "
+            "et al. 2023, Continual Pre-Training of LLMs: How to (re)warm your model?)",
+        ),
+    )
+    return dataclasses.replace(
+        recipe,
+        name=f"{recipe.name} (continued from {folder})",
+        block_size=shape.block_size,
+        tokenizer=f"{folder.rstrip('/')}/tokenizer.json",
+        vocab_size=shape.vocab,
+        lr=recipe.lr * CONTINUED_LR_FRACTION,
+        warmup_steps=max(1, math.ceil(recipe.warmup_steps * CONTINUED_WARMUP_FRACTION)),
+        notes=notes + recipe.notes,
+    )
+
+
 def _warmup(recipe: Recipe, sequences_per_step: int) -> Setting:
     """The recipe's warmup; GPT-3's (375M tokens) only while it is at most a tenth of the
     planned run (its epochs over its corpus), else a tenth of that run."""
+    if "warmup_steps" in dict(recipe.notes):
+        return Setting(recipe.warmup_steps, recipe.note("warmup_steps", ""))
     if not recipe.name.startswith("GPT-3"):
         return Setting(recipe.warmup_steps, f"{recipe.name}'s warmup ({recipe.citation})")
     gpt3 = "GPT-3's warmup over 375M tokens (Brown et al. 2020, Appendix B)"

@@ -62,7 +62,7 @@ def ask(answered: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, A
     index = 0
     while index < len(pending):
         question = pending[index]
-        if question.only_for_cuda and known.get("hardware", defaults.get("hardware")) != "cuda":
+        if not question.asked({**defaults, **known}):
             index += 1
             continue
         default = given.get(question.key, defaults.get(question.key, question.default))

@@ -10,7 +10,7 @@ CPU = {"hardware": "cpu", "gpu_arch": "none", "gpus_per_node": 1, "num_nodes": 1
 CPU |= {"gpu_memory_gb": 0.0, "host_memory_gb": 16.0}
 MPS = {**CPU, "hardware": "mps"}
 COMMON = {"task": "image-classification", "framework": "pytorch", "strategy": "single"}
-COMMON |= {"model_size": "100K", "compile": False}
+COMMON |= {"model_size": "100K", "model_family": "gpt2", "init_from": "", "compile": False}
 
 CUDA_AMPERE = {"hardware": "cuda", "gpu_arch": "ampere", "gpus_per_node": 1, "num_nodes": 1}
 CUDA_AMPERE |= {"gpu_memory_gb": 80.0, "host_memory_gb": 512.0}
@@ -86,6 +86,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "gpus_per_node": 8,
         "precision": "bf16",
         "model_size": "1M",
+        "model_family": "llama",  # the Llama-style decoder, sharded
     },
     "lm-fsdp2-bf16": {
         **COMMON,
@@ -95,6 +96,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "gpus_per_node": 8,
         "precision": "bf16",
         "model_size": "1M",
+        "model_family": "llama",  # the Llama-style decoder, sharded
     },
     # The frameworks: each strategy it renders, tested on CPU in fp32 or bf16 (bf16 and fp16
     # on CPU cost 5-100x fp32 per matmul here; fp16's mapping is checked at render time).

@@ -38,20 +38,23 @@ def script(monkeypatch, replies: list) -> list[tuple[str, object]]:
 def test_back_returns_to_the_previous_question_offering_its_answer(monkeypatch):
     """cuda, then back from the GPU questions to hardware (which offers cuda), cpu instead: the
     GPU questions are skipped from there on and their answers are gone."""
-    replies = ["language-model", "cuda", "ampere", 4, BACK, BACK, BACK, "cpu", 32.0]
-    replies += ["1M", "pytorch", "auto", "auto", False]
+    replies = ["language-model", "", "cuda", "ampere", 4, BACK, BACK, BACK, "cpu", 32.0]
+    replies += ["1M", "gpt2", "pytorch", "auto", "auto", False]
     asked = script(monkeypatch, replies)
     answers = ask({"project_name": "demo"}, {"hardware": "cpu", "host_memory_gb": 16.0})
     keys = [key for key, _ in asked]
-    assert keys[:8] == ["task", "hardware", "gpu_arch", "gpus_per_node", "num_nodes"] + [
+    assert keys[:9] == ["task", "init_from", "hardware", "gpu_arch", "gpus_per_node"] + [
+        "num_nodes",
         "gpus_per_node",
         "gpu_arch",
         "hardware",
     ]
-    assert asked[5] == ("gpus_per_node", 4), "going back offers the answer given"
-    assert asked[7] == ("hardware", "cuda")
-    assert keys[8:] == ["host_memory_gb", "model_size", "framework", "precision", "strategy"] + [
-        "compile"
+    assert asked[6] == ("gpus_per_node", 4), "going back offers the answer given"
+    assert asked[8] == ("hardware", "cuda")
+    assert keys[9:] == ["host_memory_gb", "model_size", "model_family", "framework"] + [
+        "precision",
+        "strategy",
+        "compile",
     ]
     assert answers["hardware"] == "cpu" and answers["host_memory_gb"] == 32.0
     assert not {"gpu_arch", "gpus_per_node"} & set(answers), "answers taken back are gone"
@@ -59,11 +62,11 @@ def test_back_returns_to_the_previous_question_offering_its_answer(monkeypatch):
 
 def test_the_first_question_asked_offers_no_back(monkeypatch):
     """`script` fails if BACK is answered where `first` is set: back to the task, and the task
-    is the first question asked again."""
+    is the first question asked again (the image task is not asked for a model folder)."""
     asked = script(monkeypatch, ["language-model", BACK, "image-classification", "cpu", 16.0] + [
         "100K", "pytorch", "auto", "auto", False])  # fmt: skip
     answers = ask({"project_name": "demo"}, {})
-    assert [key for key, _ in asked][:4] == ["task", "hardware", "task", "hardware"]
+    assert [key for key, _ in asked][:4] == ["task", "init_from", "task", "hardware"]
     assert asked[2] == ("task", "language-model")
     assert answers["task"] == "image-classification"
 

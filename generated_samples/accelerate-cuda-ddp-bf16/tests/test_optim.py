@@ -15,7 +15,7 @@ from accelerate_cuda_ddp_bf16.runtime import init_runtime
 from accelerate_cuda_ddp_bf16.train import Trainer
 from accelerate_cuda_ddp_bf16.training import WarmupCosine, build_optimizer, build_scheduler
 
-NORMS = (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d)
+NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d)
 
 
 def test_no_weight_decay_on_biases_and_norm_weights(config):

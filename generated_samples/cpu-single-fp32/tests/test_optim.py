@@ -15,7 +15,7 @@ from cpu_single_fp32.runtime import init_runtime
 from cpu_single_fp32.train import Trainer
 from cpu_single_fp32.training import WarmupCosine, build_optimizer, build_scheduler
 
-NORMS = (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d)
+NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d)
 
 
 def test_no_weight_decay_on_biases_and_norm_weights(config):

@@ -15,7 +15,7 @@ from cuda_single_fp16.runtime import init_runtime
 from cuda_single_fp16.train import Trainer
 from cuda_single_fp16.training import WarmupCosine, build_optimizer, build_scheduler
 
-NORMS = (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d)
+NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d)
 
 
 def test_no_weight_decay_on_biases_and_norm_weights(config):

@@ -6,8 +6,9 @@ each parameter this rank stores, the dtypes the layers computed in, the training
 (batch by batch) and, on a resume, the optimizer state it restored.
 
 With `--setup-only` first, it builds the run without training and records how much this
-rank's peak resident memory grew while it did (FSDP2 builds on the meta device: each rank
-should allocate its shards, never the whole model)."""
+rank's peak resident memory grew while it did (a sharded model is built on the meta device:
+each rank should allocate its shards, never the whole model),
+and, with `init_from`, which parameters differ from the model folder's."""
 
 from __future__ import annotations
 
@@ -171,6 +172,15 @@ def setup_memory(config_path: str, run_dir: str, *overrides: str) -> None:
         "whole_fp32": 4 * sum(p.numel() for p in trainer.engine.model.parameters()),
         "stored_fraction": stored_fraction(trainer.engine.model),
     }
+    if config.init_from:  # the gathered weights are the folder's, each read by init_tensor
+        state, model = trainer.engine.full_state_dict(), trainer.engine.model
+        facts["largest_fp32"] = 4 * max(tensor.numel() for tensor in state.values())
+        facts["mismatched"] = []
+        for name, _ in model.named_parameters():
+            expected = torch.empty(state[name].shape)  # whole: a sharded one holds a part
+            model.init_tensor(name, expected)
+            if not torch.equal(state[name].float(), expected):
+                facts["mismatched"].append(name)
     with open(f"{run_dir}/setup-rank{runtime.rank}.json", "w") as file:
         json.dump(facts, file)
     del trainer

@@ -21,12 +21,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from fabric_lm_fsdp2_fp32 import train as train_module
 from fabric_lm_fsdp2_fp32.checkpoint import find_latest, step_folder_name, step_folders
 from fabric_lm_fsdp2_fp32.config import load_config
-from fabric_lm_fsdp2_fp32.data import build_datasets
+from fabric_lm_fsdp2_fp32.data import NUM_CLASSES, build_datasets
 from fabric_lm_fsdp2_fp32.engine import COMPUTE_DTYPE
+from fabric_lm_fsdp2_fp32.hub import Architecture, hub_config
+from fabric_lm_fsdp2_fp32.llama import Llama, LlamaShape
 from fabric_lm_fsdp2_fp32.model import build_model
 from fabric_lm_fsdp2_fp32.preflight import main as preflight_main
 from fabric_lm_fsdp2_fp32.preflight.checks import CHECK_FAILED, FAIL, PASS, RANKS_MISSING, SKIP
@@ -422,6 +425,34 @@ def test_each_rank_allocates_its_shards_of_a_300m_model_never_all_of_it(tmp_path
         assert facts["whole_fp32"] > 1.1e9, facts  # ~300M parameters
         assert facts["stored_fraction"] == pytest.approx(0.5, abs=0.01), facts
         assert facts["growth"] < 0.75 * facts["whole_fp32"], facts
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="reads Linux's /proc")
+def test_each_rank_imports_only_its_shards_of_a_model_folder(tmp_path, scratch):
+    """`init_from` under a sharding strategy: each rank reads the folder's tensors one at a
+    time and keeps its shard of each, so the gathered weights are the folder's and its peak
+    resident memory grows by its half of the model plus about one full tensor being read."""
+    depth = 8  # ~90M parameters: 360 MB in fp32, its largest tensor 11.5 MB
+    shape = LlamaShape(NUM_CLASSES, 1024, depth, 16, 4, 2816, max_positions=64)
+    model = Llama(shape)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    save_file(model.state_dict(), folder / "model.safetensors")
+    config_json = hub_config(Architecture("llama", "llama", shape))
+    (folder / "config.json").write_text(json.dumps(config_json))
+    del model
+    config = PROJECT_ROOT / "configs" / "train.toml"
+    argv = ["--setup-only", str(config), str(tmp_path), *TEST_OVERRIDES]
+    argv += [f"init_from={folder}", "model_family=llama"]
+    wait_for_ranks(start_ranks(rank_probe.run_from_command_line, 2, *argv, scratch=scratch), 600)
+    for rank in (0, 1):
+        facts = json.loads((tmp_path / f"setup-rank{rank}.json").read_text())
+        assert facts["mismatched"] == [], facts["mismatched"]
+        assert facts["stored_fraction"] == pytest.approx(0.5, abs=0.01), facts
+        # Its half (~180 MB), a tensor read and copied, and set-up's own: ~280 MB, where the
+        # whole model alone would be ~360 MB (measured: ~250 MB).
+        bound = facts["whole_fp32"] / 2 + 3 * facts["largest_fp32"] + 64 * 2**20
+        assert facts["growth"] < bound < facts["whole_fp32"], facts
 
 
 def free_port() -> int:

@@ -84,6 +84,7 @@ def parameter_count(model: torch.nn.Module) -> int:
 
 
 def test_model_is_the_smallest_width_that_reaches_model_size(config):
+    config = dataclasses.replace(config, model_family="gpt2")
     target = parse_param_count(config.model_size)
     depth, width, heads = shape_for(target, config.block_size)
     head_dim, block_size = width // heads, config.block_size
@@ -104,6 +105,11 @@ def test_a_published_size_builds_that_models_shape(config, size, depth, width, h
     2.1), 7B LLaMA-7B's 32 of 4096 in 32; not widths solved for the nominal counts, which
     include a 32K-50K-token embedding this byte-level model does not have."""
     with torch.device("meta"):
-        model = build_model(dataclasses.replace(config, model_size=size))
+        model = build_model(dataclasses.replace(config, model_size=size, model_family="gpt2"))
+        llama = build_model(dataclasses.replace(config, model_size=size, model_family="llama"))
     attention = model.blocks[0].attn
     assert (len(model.blocks), attention.qkv.in_features, attention.heads) == (depth, width, heads)
+    layers, attention = llama.model.layers, llama.model.layers[0].self_attn
+    assert (len(layers), attention.q_proj.in_features, attention.heads) == (depth, width, heads)
+    # LLaMA's MLP: 2/3 of 4 x width, rounded up to a multiple of 256 (7B: 11008)
+    assert layers[0].mlp.up_proj.out_features == {"125M": 2048, "7B": 11008}[size]

@@ -3,7 +3,12 @@ tests/rank_probe.py CONFIG RUN_DIR KEY=VALUE... [--resume]`): train with the key
 given, then save this rank's flattened parameters (the test compares the ranks bitwise) and what
 ran, as seen from inside the run: the world size, the wrappers around the model, the share of
 each parameter this rank stores, the dtypes the layers computed in, the training samples read
-(batch by batch) and, on a resume, the optimizer state it restored."""
+(batch by batch) and, on a resume, the optimizer state it restored.
+
+With `--setup-only` first, it builds the run without training and records how much this
+rank's peak resident memory grew while it did (a sharded model is built on the meta device:
+each rank should allocate its shards, never the whole model),
+and, with `init_from`, which parameters differ from the model folder's."""
 
 from __future__ import annotations
 
@@ -149,9 +154,48 @@ def main(config_path: str, run_dir: str, *overrides: str) -> None:
     shutdown_runtime(runtime)
 
 
+def resident_bytes(field: str) -> int:
+    """`VmRSS` (resident now) or `VmHWM` (peak resident) of this process, in bytes (Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) * 1024
+    raise ValueError(f"no {field} in /proc/self/status")
+
+
+def setup_memory(config_path: str, run_dir: str, *overrides: str) -> None:
+    """Build the run (model, engine, optimizer) and record this rank's peak resident-memory
+    growth over it and the model's whole fp32 size, in bytes."""
+    config = load_config(config_path, ["device=cpu", *overrides])
+    runtime = init_runtime("cpu")
+    Path("/proc/self/clear_refs").write_text("5")  # the peak resident size starts again here
+    before = resident_bytes("VmRSS")
+    trainer = Trainer(dataclasses.replace(config, run_dir=run_dir), runtime)
+    facts = {
+        "growth": resident_bytes("VmHWM") - before,
+        "whole_fp32": 4 * sum(p.numel() for p in trainer.engine.model.parameters()),
+        "stored_fraction": stored_fraction(trainer.engine.model),
+    }
+    if config.init_from:  # the gathered weights are the folder's, each read by init_tensor
+        state, model = trainer.engine.full_state_dict(), trainer.engine.model
+        facts["largest_fp32"] = 4 * max(tensor.numel() for tensor in state.values())
+        facts["mismatched"] = []
+        for name, _ in model.named_parameters():
+            expected = torch.empty(state[name].shape)  # whole: a sharded one holds a part
+            model.init_tensor(name, expected)
+            if not torch.equal(state[name].float(), expected):
+                facts["mismatched"].append(name)
+    with open(f"{run_dir}/setup-rank{runtime.rank}.json", "w") as file:
+        json.dump(facts, file)
+    del trainer
+    shutdown_runtime(runtime)
+
+
 def run_from_command_line() -> None:
-    """`rank_probe.py CONFIG RUN_DIR KEY=VALUE...`, the arguments in sys.argv."""
-    main(*sys.argv[1:])
+    """`rank_probe.py [--setup-only] CONFIG RUN_DIR KEY=VALUE...`, the arguments in sys.argv."""
+    if sys.argv[1] == "--setup-only":
+        setup_memory(*sys.argv[2:])
+    else:
+        main(*sys.argv[1:])
 
 
 def preflight_of_a_copy() -> None:

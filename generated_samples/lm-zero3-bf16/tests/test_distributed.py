@@ -21,12 +21,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from lm_zero3_bf16 import train as train_module
 from lm_zero3_bf16.checkpoint import find_latest, step_folder_name, step_folders
 from lm_zero3_bf16.config import load_config
-from lm_zero3_bf16.data import build_datasets
+from lm_zero3_bf16.data import NUM_CLASSES, build_datasets
 from lm_zero3_bf16.engine import COMPUTE_DTYPE
+from lm_zero3_bf16.hub import Architecture, hub_config
+from lm_zero3_bf16.llama import Llama, LlamaShape
 from lm_zero3_bf16.model import build_model
 from lm_zero3_bf16.preflight import main as preflight_main
 from lm_zero3_bf16.preflight.checks import CHECK_FAILED, FAIL, PASS, RANKS_MISSING, SKIP
@@ -408,6 +411,30 @@ def test_every_rank_ran_what_was_rendered_and_ends_with_identical_parameters(two
         assert ran["unequal_step_weights"] == pytest.approx(expected, rel=1e-6), ran
     rank0, rank1 = (torch.load(tmp_path / f"params-rank{r}.pt") for r in (0, 1))
     assert torch.equal(rank0, rank1)
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="reads Linux's /proc")
+def test_each_rank_imports_only_its_shards_of_a_model_folder(tmp_path, scratch):
+    """`init_from` under a sharding strategy: each rank reads the folder's tensors one at a
+    time and keeps its shard of each, so the gathered weights are the folder's and its peak
+    resident memory grows by its half of the model plus about one full tensor being read."""
+    depth = 2  # DeepSpeed's set-up is slower: a smaller model shows the same reads
+    shape = LlamaShape(NUM_CLASSES, 1024, depth, 16, 4, 2816, max_positions=64)
+    model = Llama(shape)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    save_file(model.state_dict(), folder / "model.safetensors")
+    config_json = hub_config(Architecture("llama", "llama", shape))
+    (folder / "config.json").write_text(json.dumps(config_json))
+    del model
+    config = PROJECT_ROOT / "configs" / "train.toml"
+    argv = ["--setup-only", str(config), str(tmp_path), *TEST_OVERRIDES]
+    argv += [f"init_from={folder}", "model_family=llama"]
+    wait_for_ranks(start_ranks(rank_probe.run_from_command_line, 2, *argv, scratch=scratch), 600)
+    for rank in (0, 1):
+        facts = json.loads((tmp_path / f"setup-rank{rank}.json").read_text())
+        assert facts["mismatched"] == [], facts["mismatched"]
+        assert facts["stored_fraction"] == pytest.approx(0.5, abs=0.01), facts
 
 
 def free_port() -> int:

@@ -18,6 +18,8 @@ from .corpus import (
     same_tokenizer,
 )
 
+MODEL_FAMILIES = ("gpt2", "llama")  # model.py's ByteGPT and llama.py's Llama
+
 # How a task's data changed since a checkpoint, in words, and why a run may not go on with it
 # (None: it may): `TaskConfig.task_data_change`.
 DataChange = tuple[str, str | None]
@@ -36,6 +38,8 @@ class TaskConfig:
     val_fraction: float = 0.1
     corpus_bytes: int = 300_000
     block_size: int = 64
+    model_family: str = "gpt2"
+    init_from: str = ""
     dropout: float = 0.0
     epochs: int = 4
     max_tokens: int = 20_000_000
@@ -46,6 +50,8 @@ class TaskConfig:
     early_stop_patience: int = 3
     # data settings a resume must keep (checkpoint/resume.py): they fix what a checkpoint trained on
     task_resume_keys: ClassVar[tuple[str, ...]] = (
+        "model_family",
+        "init_from",
         "data_dir",
         "block_size",
         "max_tokens",
@@ -105,6 +111,11 @@ class TaskConfig:
             problems.append(f"max_tokens must be >= 0, got {self.max_tokens!r}")
         if not 0 <= self.dropout < 1:
             problems.append(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if self.model_family not in MODEL_FAMILIES:
+            families = ", ".join(MODEL_FAMILIES)
+            problems.append(f"model_family must be one of {families}, got {self.model_family!r}")
+        if self.dropout and self.model_family == "llama":
+            problems.append("dropout applies to model_family gpt2 only; set it to 0")
         if self.tokenizer not in ("bytes", "bpe") and not self.tokenizer.endswith(".json"):
             problems.append(
                 f"tokenizer must be bytes, bpe or a tokenizer.json path, got {self.tokenizer!r}"

@@ -1,5 +1,7 @@
-"""The example model: a GPT-style decoder over bytes, sized from a target parameter count in
-the shapes of published decoders (GPT-3, Pythia, LLaMA: `shape_for`).
+"""The example model: a decoder sized from a target parameter count in the shapes of published
+decoders (GPT-3, Pythia, LLaMA: `shape_for`), GPT-style (`ByteGPT`, `model_family = "gpt2"`) or
+Llama-style (llama.py, `model_family = "llama"`), or the shape of a Hugging Face model folder
+(`init_from`: its config.json; the engines then load its weights, hub/).
 
 This file is yours: replace the model with your own; `scaffold update` leaves it alone. What the
 rest of the project needs from it (`train.py` imports nothing else from here):
@@ -24,6 +26,7 @@ rest of the project needs from it (`train.py` imports nothing else from here):
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -32,6 +35,8 @@ from torch import Tensor, nn
 
 from .config import Config, parse_param_count
 from .data import NUM_CLASSES
+from .hub import Architecture, GPT2Shape, HubWeights, read_architecture
+from .llama import Llama, LlamaShape
 
 # Published decoders' shapes: (name, nominal parameters, blocks, width, heads). A model_size equal
 # to a nominal size builds that shape, with fewer parameters here: the nominal counts include
@@ -98,15 +103,19 @@ class CausalSelfAttention(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+    """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x)); the MLP's GELU is
+    exact, or GPT-2's tanh approximation (`gelu_approximate="tanh"`)."""
 
-    def __init__(self, width: int, heads: int, dropout: float):
+    def __init__(self, width: int, heads: int, dropout: float, gelu_approximate: str = "none"):
         super().__init__()
         self.ln_attn = nn.LayerNorm(width)
         self.attn = CausalSelfAttention(width, heads, dropout)
         self.ln_mlp = nn.LayerNorm(width)
         self.mlp = nn.Sequential(
-            nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width), nn.Dropout(dropout)
+            nn.Linear(width, 4 * width),
+            nn.GELU(approximate=gelu_approximate),
+            nn.Linear(4 * width, width),
+            nn.Dropout(dropout),
         )
 
     def forward(self, x: Tensor) -> Tensor:
@@ -115,7 +124,9 @@ class Block(nn.Module):
 
 
 class ByteGPT(nn.Module):
-    """Token ids `[B, T]` (int64, < 256) -> next-token logits `[B, T, 256]`."""
+    """Token ids `[B, T]` (int64, < vocab_size, T <= block_size) -> next-token logits
+    `[B, T, vocab_size]` (default NUM_CLASSES); transformers' `GPT2LMHeadModel` without tied
+    embeddings (hub/names.py maps the names)."""
 
     def __init__(
         self,
@@ -125,12 +136,15 @@ class ByteGPT(nn.Module):
         block_size: int,
         dropout: float = 0.0,
         vocab_size: int | None = None,
+        gelu_approximate: str = "none",
     ):
         super().__init__()
         vocab_size = vocab_size or NUM_CLASSES
         self.token_embedding = nn.Embedding(vocab_size, width)
         self.position_embedding = nn.Embedding(block_size, width)
-        self.blocks = nn.ModuleList(Block(width, heads, dropout) for _ in range(depth))
+        self.blocks = nn.ModuleList(
+            Block(width, heads, dropout, gelu_approximate) for _ in range(depth)
+        )
         self.ln_final = nn.LayerNorm(width)
         self.head = nn.Linear(width, vocab_size, bias=False)
         for name, parameter in self.named_parameters():  # nothing to fill on the meta device
@@ -231,7 +245,71 @@ def width_for_param_count(
     return head_dim * low
 
 
-def build_model(config: Config) -> ByteGPT:
-    """The decoder `shape_for` sizes from `config.model_size`."""
+def model_architecture(config: Config) -> Architecture:
+    """What `build_model` builds: the architecture of `config.init_from`'s config.json, or
+    the `model_family` decoder `shape_for` sizes from `config.model_size` over NUM_CLASSES
+    tokens (a Llama of this depth, width and heads: LlamaShape.from_scratch).
+
+    Raises:
+        ValueError: init_from is no model folder this project can hold (hub/architecture.py),
+            of another family than `model_family`, its vocabulary is not NUM_CLASSES, or its
+            context is shorter than `block_size`.
+    """
+    if config.init_from:
+        folder = config.init_from
+        architecture = read_architecture(Path(folder))
+        if architecture.family != config.model_family:
+            raise ValueError(
+                f"{folder} holds a {architecture.model_type} model and model_family is "
+                f'{config.model_family}; set model_family = "{architecture.family}"'
+            )
+        if architecture.vocab_size != NUM_CLASSES:
+            raise ValueError(
+                f"{folder} has a vocabulary of {architecture.vocab_size} tokens and data.py's "
+                f"NUM_CLASSES is {NUM_CLASSES}; set NUM_CLASSES = {architecture.vocab_size}"
+            )
+        if config.block_size > architecture.max_positions:
+            raise ValueError(
+                f"block_size {config.block_size} is longer than {folder}'s context "
+                f"({architecture.max_positions} tokens); set block_size <= "
+                f"{architecture.max_positions}"
+            )
+        return architecture
     depth, width, heads = shape_for(parse_param_count(config.model_size), config.block_size)
-    return ByteGPT(width, depth, heads, config.block_size, config.dropout)
+    if config.model_family == "llama":
+        shape = LlamaShape.from_scratch(NUM_CLASSES, width, depth, heads, config.block_size)
+        return Architecture("llama", "llama", shape)
+    return Architecture(
+        "gpt2", "gpt2", GPT2Shape(NUM_CLASSES, width, depth, heads, config.block_size)
+    )
+
+
+def build_model(config: Config) -> nn.Module:
+    """The decoder `model_architecture(config)` describes; `config.dropout` applies to the
+    GPT-style one (Llama-style models train without dropout). With `init_from`, its
+    `init_tensor` reads the folder's weights (`HubWeights`, which checks their names and shapes
+    first): built on the meta device and materialised by the engine (engine/build.py), the
+    model starts from them, each process reading only what it keeps.
+
+    Raises:
+        ValueError: see `model_architecture` and `HubWeights`.
+    """
+    architecture = model_architecture(config)
+    shape = architecture.shape
+    if isinstance(shape, LlamaShape):
+        model = Llama(shape)
+    else:
+        model = ByteGPT(
+            shape.width,
+            shape.depth,
+            shape.heads,
+            shape.max_positions,
+            config.dropout,
+            shape.vocab_size,
+            shape.gelu_approximate,
+        )
+    if config.init_from:
+        model.init_tensor = HubWeights(
+            Path(config.init_from), architecture.family, model
+        ).init_tensor
+    return model

@@ -1,0 +1,161 @@
+"""Write a trained model as a Hugging Face model folder: what
+`transformers.AutoModelForCausalLM.from_pretrained(folder)` and `AutoTokenizer.from_pretrained`
+load with no custom code, and vLLM serves.
+
+The folder holds config.json (`architecture.hub_config`), the weights under transformers' names
+in safetensors files of at most `max_shard_bytes` each (more than one: with
+model.safetensors.index.json, transformers' sharded layout), generation_config.json, and the
+tokenizer: its tokenizer.json and a tokenizer_config.json naming the special tokens (the
+original's, where the model came from a folder that had one, so that its chat template stays).
+It is written in a scratch folder beside the destination and renamed into place, so an export
+that fails leaves nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .architecture import CONFIG_FILE, Architecture, hub_config
+from .names import file_name, hub_name
+from .weights import INDEX_FILE, WEIGHTS_FILE
+
+TOKENIZER_CONFIG = "tokenizer_config.json"
+DEFAULT_SHARD_BYTES = 5 * 2**30  # transformers' own max_shard_size default ("5GB")
+
+
+def export_dtype(name: str) -> torch.dtype:
+    """The torch floating-point dtype named `name` ("float32", or a 16-bit one to halve the
+    folder).
+
+    Raises:
+        ValueError: `name` names no floating-point dtype of torch.
+    """
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype {name!r} is no floating-point dtype of torch, e.g. float32")
+    return dtype
+
+
+def shard_plan(sizes: dict[str, int], max_shard_bytes: int) -> list[list[str]]:
+    """Tensor names in order, cut into consecutive groups of at most `max_shard_bytes` each
+    (a tensor larger than that gets a file of its own)."""
+    shards: list[list[str]] = [[]]
+    filled = 0
+    for name, size in sizes.items():
+        if shards[-1] and filled + size > max_shard_bytes:
+            shards.append([])
+            filled = 0
+        shards[-1].append(name)
+        filled += size
+    return shards
+
+
+def tokenizer_config(architecture: Architecture, eot: str | None) -> dict[str, Any]:
+    """A tokenizer_config.json for a tokenizer.json that came with none: the fast tokenizer
+    class, its end-of-text token `eot` as the end and padding token."""
+    special = {"eos_token": eot, "pad_token": eot} if eot else {}
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": architecture.max_positions,
+        "clean_up_tokenization_spaces": False,
+        **special,
+    }
+
+
+def export_folder(
+    weights: Path,
+    architecture: Architecture,
+    out: Path,
+    tokenizer: Path | None = None,
+    eot: str | None = None,
+    original_tokenizer_config: Path | None = None,
+    dtype: str = "float32",
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+) -> list[Path]:
+    """Write the model folder `out` from `weights` (a safetensors file of the project's
+    parameter names, as a run writes them) of a model of `architecture`, with `tokenizer` (a
+    tokenizer.json; its end-of-text token `eot`) and, where given, the tokenizer_config.json it
+    came with. Tensors are cast to `dtype` (a torch dtype's name: `export_dtype`) and read one
+    at a time; a shard's tensors are in memory while it is written. Returns the files written.
+
+    Raises:
+        ValueError: `out` exists and is not empty, `dtype` is unknown, or `weights` is missing
+            or holds names the architecture does not have.
+    """
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"{out} exists and is not empty; name a new folder")
+    cast = export_dtype(dtype)
+    if not Path(weights).is_file():
+        raise ValueError(f"{weights} not found; train first, or name the weights with --weights")
+    family = architecture.family
+    with safe_open(weights, framework="pt") as handle:
+        names = list(handle.keys())
+        shapes = {name: handle.get_slice(name).get_shape() for name in names}
+    sizes = {name: math.prod(shape) * cast.itemsize for name, shape in shapes.items()}
+    try:
+        keys = {name: hub_name(family, name) for name in names}
+    except KeyError as error:
+        raise ValueError(
+            f"{weights} holds {error.args[0]!r}, which a {family} model does not"
+        ) from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        shards = shard_plan(sizes, max_shard_bytes)
+        weight_map = {}
+        for number, group in enumerate(shards, start=1):
+            shard = (
+                WEIGHTS_FILE
+                if len(shards) == 1
+                else (f"model-{number:05d}-of-{len(shards):05d}.safetensors")
+            )
+            tensors = {}
+            with safe_open(weights, framework="pt") as handle:
+                for name in group:
+                    key, transposed = keys[name]
+                    tensor = handle.get_tensor(name).to(cast)
+                    tensors[file_name(family, key)] = (
+                        tensor.T if transposed else tensor
+                    ).contiguous()
+            save_file(tensors, scratch / shard, metadata={"format": "pt"})
+            weight_map |= dict.fromkeys(tensors, shard)
+        if len(shards) > 1:
+            index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}
+            write_json(scratch / INDEX_FILE, index)
+        write_json(scratch / CONFIG_FILE, hub_config(architecture) | {"torch_dtype": dtype})
+        generation = {
+            "bos_token_id": architecture.bos_token_id,
+            "eos_token_id": architecture.eos_token_id,
+        }
+        write_json(
+            scratch / "generation_config.json",
+            {k: v for k, v in generation.items() if v is not None},
+        )
+        if tokenizer is not None:
+            shutil.copyfile(tokenizer, scratch / "tokenizer.json")
+            if original_tokenizer_config is not None and original_tokenizer_config.is_file():
+                shutil.copyfile(original_tokenizer_config, scratch / TOKENIZER_CONFIG)
+            else:
+                write_json(scratch / TOKENIZER_CONFIG, tokenizer_config(architecture, eot))
+        if out.exists():
+            out.rmdir()
+        scratch.rename(out)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return sorted(out.iterdir())
+
+
+def write_json(path: Path, value: dict[str, Any]) -> None:
+    """`value` as indented JSON in `path`."""
+    path.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")

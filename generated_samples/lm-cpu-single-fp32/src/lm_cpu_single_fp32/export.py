@@ -1,0 +1,86 @@
+"""Write a run's model as a Hugging Face folder: `python -m lm_cpu_single_fp32.export OUT`.
+
+Writes OUT from the run's best weights (`model.safetensors`; `--weights model-last.safetensors`
+for the final step's, or a path), which every strategy's run writes as one file when it ends:
+config.json, the weights under transformers' names (sharded above `--max-shard-size`, as
+transformers shards), generation_config.json and the run's tokenizer. Then
+
+    AutoModelForCausalLM.from_pretrained(OUT), AutoTokenizer.from_pretrained(OUT)
+
+load it with no custom code, and `vllm serve OUT` serves it. Runs on a CPU-only machine, one
+tensor at a time (a shard's tensors at once while it is written).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from .checkpoint import WEIGHTS_FILE
+from .config import command_parser, load_config, user_errors
+from .corpus import TOKENIZER_FILE
+from .generate import run_codec, run_config, run_weights
+from .hub import export_folder
+from .hub.export_folder import DEFAULT_SHARD_BYTES
+from .model import model_architecture
+
+SIZE_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def parse_size(text: str) -> int:
+    """Bytes of a size as transformers writes `max_shard_size` ("5GB", "500MB", "2GiB", or a
+    number of bytes).
+
+    Raises:
+        ValueError: anything else.
+    """
+    upper = text.strip().upper()
+    for unit, factor in sorted(SIZE_UNITS.items(), key=lambda item: -len(item[0])):
+        if upper.endswith(unit) and upper[: -len(unit)].replace(".", "", 1).isdigit():
+            return int(float(upper[: -len(unit)]) * factor)
+    if upper.isdigit() and int(upper) > 0:
+        return int(upper)
+    raise ValueError(f"--max-shard-size {text!r} is not a size such as 5GB, 500MB or 2GiB")
+
+
+def main(argv: list[str] | None = None) -> list[Path]:
+    """Entry point; prints the folder written and returns its files."""
+    parser = command_parser(__doc__.splitlines()[0])
+    parser.add_argument("out", help="the folder to write (new, or empty)")
+    parser.add_argument("--run-dir", help="the trained run (default: configs/train.toml's)")
+    parser.add_argument("--weights", default=WEIGHTS_FILE, help="a weights file of the run")
+    parser.add_argument("--dtype", default="float32", help="a torch dtype: 16 bits halve it")
+    parser.add_argument("--max-shard-size", default=f"{DEFAULT_SHARD_BYTES // 2**30}GiB")
+    args = parser.parse_args(argv)
+    with user_errors():
+        max_shard_bytes = parse_size(args.max_shard_size)
+        run_dir = Path(args.run_dir or load_config("configs/train.toml").run_dir)
+        config = run_config(run_dir)
+        weights = run_weights(run_dir, args.weights)
+        architecture = model_architecture(config)
+        codec = run_codec(run_dir, config)
+        tokenizer, eot, original = None, None, None
+        if codec.tokenizer is not None:
+            tokenizer = run_dir / TOKENIZER_FILE
+            eot = codec.tokenizer.id_to_token(codec.eot_id)
+        if config.init_from:
+            original = Path(config.init_from) / "tokenizer_config.json"
+        if architecture.eos_token_id is None:
+            architecture = dataclasses.replace(architecture, eos_token_id=codec.eot_id)
+        files = export_folder(
+            weights,
+            architecture,
+            Path(args.out),
+            tokenizer,
+            eot,
+            original,
+            args.dtype,
+            max_shard_bytes,
+        )
+    tokenizer_note = "" if tokenizer else " (byte tokens: no tokenizer.json to ship)"
+    print(f"wrote {args.out}: {', '.join(path.name for path in files)}{tokenizer_note}")
+    return files
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,236 @@
+"""Models in and out: a Hugging Face model folder imported with `init_from` gives transformers'
+own logits, a run trained from it exports a folder that transformers loads with the project's
+logits, and bad folders are refused in one line. transformers is the reference: the tests
+build tiny random models with it and save them as it saves every model on the Hub."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from lm_zero3_bf16.corpus import Codec
+from lm_zero3_bf16.corpus.shards import END_OF_TEXT
+from lm_zero3_bf16.data import NUM_CLASSES
+from lm_zero3_bf16.engine import build_on_meta, materialize
+from lm_zero3_bf16.export import main as export_main
+from lm_zero3_bf16.generate import load_trained
+from lm_zero3_bf16.hub import export_folder, read_architecture
+from lm_zero3_bf16.model import build_model
+
+from conftest import run_training
+
+# Tiny models of each architecture the families hold, at the project's vocabulary: grouped-query
+# attention with an untied head (Llama), q/k/v biases with tied embeddings (Qwen2), and GPT-2.
+ARCHITECTURES = {
+    "llama": lambda: LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=NUM_CLASSES,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            rope_theta=500_000.0,
+            bos_token_id=None,
+            eos_token_id=NUM_CLASSES - 1,
+        )
+    ),
+    "qwen2": lambda: Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=NUM_CLASSES,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            tie_word_embeddings=True,
+        )
+    ),
+    "gpt2": lambda: GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=NUM_CLASSES,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            n_positions=64,
+            bos_token_id=NUM_CLASSES - 1,
+            eos_token_id=NUM_CLASSES - 1,
+        )
+    ),
+}
+FAMILY = {"llama": "llama", "qwen2": "llama", "gpt2": "gpt2"}
+
+
+def byte_tokenizer(path: Path) -> None:
+    """A byte-level tokenizer.json of NUM_CLASSES tokens: the 256 bytes and end-of-text (no
+    merges), the project's vocabulary, in the format a Hub model's tokenizer has."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=NUM_CLASSES,
+        special_tokens=[END_OF_TEXT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(["def f():\n    return 1\n"], trainer)
+    tokenizer.save(str(path))
+
+
+@pytest.fixture(scope="module")
+def hub_folders(tmp_path_factory) -> dict[str, tuple[Path, torch.nn.Module]]:
+    """Each architecture's tiny model, seeded, saved by `save_pretrained` with a tokenizer."""
+    folders = {}
+    for name, make in ARCHITECTURES.items():
+        torch.manual_seed(0)
+        model = make().eval()
+        folder = tmp_path_factory.mktemp(name)
+        model.save_pretrained(folder)
+        byte_tokenizer(folder / "tokenizer.json")
+        folders[name] = (folder, model)
+    return folders
+
+
+def imported(config, folder: Path, family: str) -> torch.nn.Module:
+    """The project's model started from `folder`, as every engine builds it: on the meta
+    device, materialised by `init_tensor` (here, the folder's weights)."""
+    config = dataclasses.replace(config, init_from=str(folder), model_family=family)
+    return materialize(build_on_meta(config), torch.device("cpu"), config.seed).eval()
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_an_imported_model_gives_transformers_logits(config, hub_folders, name):
+    folder, reference = hub_folders[name]
+    model = imported(config, folder, FAMILY[name])
+    tokens = torch.randint(0, NUM_CLASSES, (2, config.block_size))
+    with torch.no_grad():
+        ours, theirs = model(tokens), reference(tokens).logits
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    other = materialize(build_on_meta(config), torch.device("cpu"), config.seed)
+    assert not torch.equal(other(tokens), ours), "a model from scratch differs (the test can fail)"
+
+
+def test_a_run_from_an_import_exports_a_folder_transformers_loads_with_its_logits(
+    config, hub_folders, tmp_path
+):
+    folder, _ = hub_folders["llama"]
+    run_dir, data_dir = tmp_path / "run", tmp_path / "data"
+    tokenizer = folder / "tokenizer.json"
+    settings = [f"init_from={folder}", "model_family=llama", f"tokenizer={tokenizer}"]
+    run_training(*settings, f"data_dir={data_dir}", f"run_dir={run_dir}", "max_steps=3")
+    model, trained = load_trained(run_dir, "model-last.safetensors", torch.device("cpu"))
+    started = load_file(folder / "model.safetensors")
+    assert not torch.equal(started["lm_head.weight"], model.lm_head.weight), "it trained"
+
+    out = tmp_path / "export"
+    export_main([str(out), "--run-dir", str(run_dir), "--weights", "model-last.safetensors"])
+    loaded = AutoModelForCausalLM.from_pretrained(out).eval()
+    tokens = torch.randint(0, NUM_CLASSES, (2, trained.block_size))
+    with torch.no_grad():
+        expected = model.eval()(tokens)
+        torch.testing.assert_close(loaded(tokens).logits, expected, rtol=1e-5, atol=1e-5)
+    text = "def f():\n    return 1\n"
+    codec = Codec(tokenizer)
+    assert AutoTokenizer.from_pretrained(out)(text)["input_ids"] == codec.encode_batch([text])[0]
+
+    again = tmp_path / "again"  # export -> import -> export: the same tensors, bit for bit
+    save_file(imported(config, out, "llama").state_dict(), tmp_path / "reimported.safetensors")
+    export_folder(tmp_path / "reimported.safetensors", read_architecture(out), again)
+    first, second = load_file(out / "model.safetensors"), load_file(again / "model.safetensors")
+    assert sorted(first) == sorted(second)
+    for key, tensor in first.items():
+        assert torch.equal(tensor, second[key]), key
+    assert json.loads((again / "config.json").read_text()) == json.loads(
+        (out / "config.json").read_text()
+    )
+
+
+def test_a_large_export_is_sharded_as_transformers_shards_and_loads(config, hub_folders, tmp_path):
+    folder, reference = hub_folders["gpt2"]
+    weights = tmp_path / "weights.safetensors"
+    save_file(imported(config, folder, "gpt2").state_dict(), weights)
+    out = tmp_path / "export"
+    files = export_folder(weights, read_architecture(folder), out, max_shard_bytes=100_000)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 1 and all(out / shard in files for shard in shards)
+    loaded = AutoModelForCausalLM.from_pretrained(out).eval()
+    tokens = torch.randint(0, NUM_CLASSES, (2, config.block_size))
+    with torch.no_grad():
+        expected = reference(tokens).logits
+        torch.testing.assert_close(loaded(tokens).logits, expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="exists and is not empty"):
+        export_folder(weights, read_architecture(folder), out)
+    assert sorted(out.iterdir()) == files, "a refused export writes nothing"
+    assert [path.name for path in tmp_path.iterdir() if path.name.startswith(".")] == []
+
+
+def write_config(folder: Path, **changes) -> None:
+    """Change fields of `folder`'s config.json."""
+    path = folder / "config.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | changes))
+
+
+def copy_folder(source: Path, target: Path) -> Path:
+    """A copy of a model folder, to break."""
+    target.mkdir()
+    for path in source.iterdir():
+        (target / path.name).write_bytes(path.read_bytes())
+    return target
+
+
+def test_bad_model_folders_are_refused_in_one_line(config, hub_folders, tmp_path):
+    folder, _ = hub_folders["llama"]
+
+    def refusal(broken: Path, family: str = "llama") -> str:
+        with pytest.raises(ValueError) as error:
+            build_model(dataclasses.replace(config, init_from=str(broken), model_family=family))
+        assert "\n" not in str(error.value)
+        return str(error.value)
+
+    assert "holds no config.json" in refusal(tmp_path)
+    moe = copy_folder(folder, tmp_path / "moe")
+    write_config(moe, model_type="mixtral", num_local_experts=8)
+    assert "model_type 'mixtral' is not supported; supported: llama, mistral" in refusal(moe)
+    window = copy_folder(folder, tmp_path / "window")
+    write_config(window, model_type="mistral", sliding_window=16)
+    assert "sliding-window attention" in refusal(window)
+    scaled = copy_folder(folder, tmp_path / "scaled")
+    write_config(scaled, rope_scaling={"rope_type": "llama3", "factor": 8.0})
+    assert "rope scaling (llama3)" in refusal(scaled)
+    wider = copy_folder(folder, tmp_path / "wider")
+    write_config(wider, vocab_size=NUM_CLASSES + 64)
+    assert f"set NUM_CLASSES = {NUM_CLASSES + 64}" in refusal(wider)
+    assert "model_family is gpt2" in refusal(folder, "gpt2")
+    shape = copy_folder(folder, tmp_path / "shape")
+    write_config(shape, intermediate_size=128)
+    assert "disagree with its config.json: model.layers.0.mlp.gate_proj.weight" in refusal(shape)
+    keys = copy_folder(folder, tmp_path / "keys")
+    tensors = load_file(keys / "model.safetensors")
+    tensors["model.extra.weight"] = tensors.pop("model.norm.weight")
+    save_file(tensors, keys / "model.safetensors")
+    message = refusal(keys)
+    assert "missing model.norm.weight; unexpected model.extra.weight" in message
+    (keys / "model.safetensors").unlink()
+    assert "holds no model.safetensors or model.safetensors.index.json" in refusal(keys)
+    short = dataclasses.replace(config, block_size=65)
+    with pytest.raises(ValueError, match="block_size 65 is longer than"):
+        build_model(dataclasses.replace(short, init_from=str(folder), model_family="llama"))

@@ -1,0 +1,185 @@
+"""A Hugging Face model folder as the planner sees it (`init_from`): the shape its config.json
+gives, in plain Python (scaffold does not need torch or transformers).
+
+The architectures are the rendered project's (hub/architecture.py there): transformers'
+`llama`, `mistral` and `qwen2` (the project's `llama` family) and `gpt2`; the project refuses
+the rest when it loads the folder, and so does this reader, in the same words, before anything
+is rendered. `tests/test_hub_folder.py` holds the parameter counts here to the rendered models'.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from scaffold.errors import AnswerError
+from scaffold.shapes import DecoderShape
+
+LLAMA_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED = "llama, mistral and qwen2 (without sliding window or rope scaling), gpt2"
+CONFIG_FILE = "config.json"
+TOKENIZER_FILE = "tokenizer.json"
+
+
+@dataclass(frozen=True)
+class HubDecoderShape(DecoderShape):
+    """A decoder read from a model folder's config.json: the `DecoderShape` of its width,
+    depth and heads (activations are estimated as for the example's decoder, whose blocks hold
+    the same 12w^2 weights to a few percent), with the folder's exact parameter counts.
+
+    Llama family per block: q and o w x heads x head_dim, k and v w x kv_heads x head_dim (plus
+    Qwen2's q/k/v biases), the SwiGLU MLP 3 x w x intermediate, two RMSNorms w. Outside: the
+    embedding, the final norm, and the head unless tied. GPT-2: as `DecoderShape`, its position
+    embedding `max_positions` long, and its head the project's own (untied).
+    """
+
+    family: str = "llama"
+    model_type: str = "llama"
+    kv_heads: int = 0
+    head_dim: int = 0
+    intermediate: int = 0
+    max_positions: int = 0
+    tied: bool = False
+    qkv_bias: bool = False
+    output_bias: bool = False
+    folder: str = ""
+
+    @property
+    def unit_params(self) -> tuple[int, ...]:
+        if self.family == "gpt2":
+            return super().unit_params
+        w, attention = self.width, self.heads * self.head_dim
+        kv = self.kv_heads * self.head_dim
+        block = 2 * w * attention + 2 * w * kv + 3 * w * self.intermediate + 2 * w
+        block += (attention + 2 * kv) * self.qkv_bias + w * self.output_bias
+        return (block,) * self.depth
+
+    @property
+    def root_params(self) -> int:
+        if self.family == "gpt2":
+            return (2 * self.vocab + self.max_positions + 2) * self.width
+        return (self.vocab * (1 if self.tied else 2) + 1) * self.width
+
+    @property
+    def matmul_params(self) -> tuple[tuple[int, ...], int]:
+        if self.family == "gpt2":
+            return super().matmul_params
+        norms = 2 * self.width
+        return tuple(params - norms for params in self.unit_params), self.vocab * self.width
+
+    def describe(self) -> str:
+        return f"{self.model_type} {super().describe()}, from {self.folder}"
+
+    def provenance(self) -> str:
+        kv = f", {self.kv_heads} key-value heads" if self.kv_heads != self.heads else ""
+        return (
+            f"shape {self.depth} x {self.width}, {self.head_words}{kv}: {self.folder}'s "
+            f"config.json ({self.model_type}, context {self.max_positions}, vocabulary "
+            f"{self.vocab:,}{', tied embeddings' if self.tied else ''})"
+        )
+
+
+def read_hub_folder(folder: str, block_size: int) -> HubDecoderShape:
+    """The shape of the model in `folder` trained at a context of `block_size` tokens (at most
+    its own: longer is cut to it).
+
+    Raises:
+        AnswerError: no config.json or tokenizer.json there, JSON that does not parse, an
+            architecture the project cannot hold (the message lists those it can), or no
+            safetensors weights.
+    """
+    path = Path(folder).expanduser() / CONFIG_FILE
+    if not path.is_file():
+        raise AnswerError(
+            f"init_from {folder} holds no {CONFIG_FILE}; name a Hugging Face model folder "
+            "(config.json, safetensors weights, tokenizer.json)"
+        )
+    try:
+        hub = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise AnswerError(f"{path} is not JSON ({error})") from None
+    weights = [
+        Path(folder) / name for name in ("model.safetensors", "model.safetensors.index.json")
+    ]
+    if not any(file.is_file() for file in weights):
+        raise AnswerError(
+            f"init_from {folder} holds no model.safetensors or its index; save the weights "
+            "as safetensors"
+        )
+    if not (Path(folder) / TOKENIZER_FILE).is_file():
+        raise AnswerError(
+            f"init_from {folder} holds no {TOKENIZER_FILE}, the tokenizer prepare encodes with"
+        )
+    model_type = hub.get("model_type")
+    try:
+        if model_type == "gpt2":
+            return gpt2_shape(hub, folder, block_size)
+        if model_type in LLAMA_TYPES:
+            return llama_shape(hub, folder, block_size)
+    except KeyError as error:
+        raise AnswerError(
+            f"{path} has no {error.args[0]!r}, which a {model_type} config needs"
+        ) from None
+    raise AnswerError(f"{path}: model_type {model_type!r} is not supported; supported: {SUPPORTED}")
+
+
+def refuse(folder: str, what: str) -> None:
+    raise AnswerError(f"{folder}/{CONFIG_FILE}: {what} is not supported; supported: {SUPPORTED}")
+
+
+def llama_shape(hub: dict, folder: str, block_size: int) -> HubDecoderShape:
+    if hub.get("num_local_experts") or hub.get("num_experts"):
+        refuse(folder, "a mixture of experts")
+    window = hub.get("sliding_window") if hub.get("use_sliding_window", True) else None
+    if hub["model_type"] != "llama" and window and window < hub["max_position_embeddings"]:
+        refuse(folder, f"sliding-window attention (sliding_window {window})")
+    scaling = hub.get("rope_scaling") or {}
+    kind = (hub.get("rope_parameters") or {}).get("rope_type", "default")
+    if scaling or kind != "default":
+        refuse(folder, f"rope scaling ({scaling.get('rope_type') or scaling.get('type') or kind})")
+    if hub.get("hidden_act", "silu") != "silu" or hub.get("mlp_bias"):
+        refuse(
+            folder,
+            f"an MLP of {hub.get('hidden_act')}{' with biases' if hub.get('mlp_bias') else ''}",
+        )
+    qwen2 = hub["model_type"] == "qwen2"
+    heads, width = hub["num_attention_heads"], hub["hidden_size"]
+    context = hub["max_position_embeddings"]
+    return HubDecoderShape(
+        width=width,
+        depth=hub["num_hidden_layers"],
+        block_size=min(block_size, context),
+        heads=heads,
+        vocab=hub["vocab_size"],
+        family="llama",
+        model_type=hub["model_type"],
+        kv_heads=hub.get("num_key_value_heads") or heads,
+        head_dim=hub.get("head_dim") or width // heads,
+        intermediate=hub["intermediate_size"],
+        max_positions=context,
+        tied=bool(hub.get("tie_word_embeddings", qwen2)),
+        qkv_bias=qwen2 or bool(hub.get("attention_bias")),
+        output_bias=not qwen2 and bool(hub.get("attention_bias")),
+        folder=folder,
+    )
+
+
+def gpt2_shape(hub: dict, folder: str, block_size: int) -> HubDecoderShape:
+    if hub.get("activation_function", "gelu_new") not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
+        refuse(folder, f"a GPT-2 MLP of {hub['activation_function']}")
+    width, context = hub["n_embd"], hub["n_positions"]
+    if hub.get("n_inner") not in (None, 4 * width):
+        refuse(folder, f"a GPT-2 MLP of {hub['n_inner']} channels (not 4 x n_embd)")
+    return HubDecoderShape(
+        width=width,
+        depth=hub["n_layer"],
+        block_size=min(block_size, context),
+        heads=hub["n_head"],
+        vocab=hub["vocab_size"],
+        family="gpt2",
+        model_type="gpt2",
+        head_dim=width // hub["n_head"],
+        max_positions=context,
+        folder=folder,
+    )

@@ -1,0 +1,133 @@
+"""`init_from`: scaffold reads a Hugging Face model folder's config.json as the rendered project
+does (the same parameter count as the rendered model, the same refusals), takes the model size,
+family, vocabulary, context and tokenizer from it, and plans continued training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_shapes import LM_SAMPLE, parameter_count, rendered
+
+from scaffold.answers import QUESTION_BY_KEY, build_answers, merge_sources
+from scaffold.errors import AnswerError
+from scaffold.hub_folder import read_hub_folder
+from scaffold.planner import plan
+from scaffold.variants import VARIANTS
+
+LLAMA = {
+    "model_type": "llama",
+    "vocab_size": 320,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+}
+QWEN2 = {**LLAMA, "model_type": "qwen2", "tie_word_embeddings": True, "use_sliding_window": False}
+GPT2 = {"model_type": "gpt2", "vocab_size": 320, "n_embd": 64, "n_layer": 2, "n_head": 4}
+GPT2 |= {"n_positions": 128}
+
+
+def model_folder(path: Path, config: dict) -> Path:
+    """A folder with config.json, a weights file and tokenizer.json (their contents are the
+    project's to read: scaffold reads config.json only)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "model.safetensors").write_bytes(b"")
+    (path / "tokenizer.json").write_text("{}")
+    return path
+
+
+@pytest.mark.parametrize("config", [LLAMA, QWEN2, GPT2], ids=["llama", "qwen2", "gpt2"])
+def test_the_parameter_count_is_the_rendered_models(config, tmp_path):
+    import torch
+
+    shape = read_hub_folder(str(model_folder(tmp_path, config)), 64)
+    architecture = rendered(LM_SAMPLE, "hub.architecture").read_architecture(tmp_path)
+    model_py = rendered(LM_SAMPLE, "model")
+    with torch.device("meta"):
+        if architecture.family == "llama":
+            model = rendered(LM_SAMPLE, "llama").Llama(architecture.shape)
+        else:
+            width, depth, heads, positions = (64, 2, 4, 128)
+            model = model_py.ByteGPT(width, depth, heads, positions, vocab_size=320)
+    assert shape.params == parameter_count(model)
+    assert (shape.family, shape.vocab, shape.block_size) == (architecture.family, 320, 64)
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        ({"model_type": "mixtral"}, "model_type 'mixtral' is not supported; supported: llama"),
+        ({"model_type": "mistral", "sliding_window": 64}, "sliding-window attention"),
+        ({"rope_scaling": {"rope_type": "llama3"}}, "rope scaling (llama3)"),
+        ({"num_local_experts": 8}, "a mixture of experts"),
+        ({"hidden_act": "gelu"}, "an MLP of gelu"),
+    ],
+)
+def test_an_architecture_the_project_cannot_hold_is_refused_with_what_it_can(
+    change, refusal, tmp_path
+):
+    folder = model_folder(tmp_path, LLAMA | change)
+    with pytest.raises(AnswerError, match="supported: llama, mistral and qwen2") as error:
+        read_hub_folder(str(folder), 64)
+    assert refusal in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_folder_without_its_files_is_refused_naming_the_missing_one(tmp_path):
+    with pytest.raises(AnswerError, match="holds no config.json"):
+        read_hub_folder(str(tmp_path), 64)
+    folder = model_folder(tmp_path, LLAMA)
+    (folder / "tokenizer.json").unlink()
+    with pytest.raises(AnswerError, match="holds no tokenizer.json"):
+        read_hub_folder(str(folder), 64)
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(AnswerError, match="no model.safetensors or its index"):
+        read_hub_folder(str(folder), 64)
+
+
+def lm_answers(**answers) -> dict:
+    return {**VARIANTS["lm-cpu-single-fp32"], "project_name": "demo"} | answers
+
+
+def test_init_from_plans_from_the_folders_config_and_tokenizer(tmp_path):
+    folder = str(model_folder(tmp_path / "smol", LLAMA))
+    variant = {k: v for k, v in lm_answers().items() if k not in ("model_size", "model_family")}
+    answers = build_answers(merge_sources({"init_from": folder}, variant))
+    shape = read_hub_folder(folder, 64)
+    assert answers.model_size == str(shape.params) and answers.model_family == "llama"
+    planned = plan(answers)
+    settings = planned.settings
+    assert settings["tokenizer"].value == f"{folder}/tokenizer.json"
+    assert settings["vocab_size"].value == 320 and settings["init_from"].value == folder
+    scratch = plan(build_answers(merge_sources({"model_size": answers.model_size}, variant)))
+    assert settings["lr"].value == pytest.approx(scratch.settings["lr"].value / 10)
+    assert "continued training" in settings["lr"].source
+    assert settings["warmup_steps"].value < scratch.settings["warmup_steps"].value
+    assert any(f"{folder}'s config.json (llama" in line for line in planned.reasons)
+    data = planned.copier_data()
+    assert data["init_from"] == folder and data["plan"]["vocab_size"]["python"] == "320"
+
+
+def test_answers_that_contradict_the_folder_are_refused(tmp_path):
+    folder = str(model_folder(tmp_path / "smol", LLAMA))
+    with pytest.raises(AnswerError, match="model_size 7B contradicts init_from"):
+        build_answers(merge_sources(lm_answers(init_from=folder, model_size="7B")))
+    with pytest.raises(AnswerError, match="model_family gpt2 contradicts init_from"):
+        build_answers(merge_sources(lm_answers(init_from=folder, model_family="gpt2")))
+    image = {**VARIANTS["cpu-single-fp32"], "project_name": "demo", "init_from": folder}
+    with pytest.raises(AnswerError, match="init_from starts a language model"):
+        plan(build_answers(merge_sources(image)))
+
+
+def test_the_questionnaire_asks_what_the_folder_does_not_answer():
+    lm = {"task": "language-model", "hardware": "cpu"}
+    assert QUESTION_BY_KEY["init_from"].asked(lm)
+    assert not QUESTION_BY_KEY["init_from"].asked({**lm, "task": "image-classification"})
+    for key in ("model_size", "model_family"):
+        assert QUESTION_BY_KEY[key].asked(lm)
+        assert not QUESTION_BY_KEY[key].asked({**lm, "init_from": "/models/smol"})
