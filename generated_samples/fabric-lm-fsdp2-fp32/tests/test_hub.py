@@ -31,9 +31,11 @@ from fabric_lm_fsdp2_fp32.engine import build_on_meta, materialize
 from fabric_lm_fsdp2_fp32.export import main as export_main
 from fabric_lm_fsdp2_fp32.generate import load_trained
 from fabric_lm_fsdp2_fp32.hub import export_folder, read_architecture
-from fabric_lm_fsdp2_fp32.model import build_model
+from fabric_lm_fsdp2_fp32.model import build_model, model_architecture
+from fabric_lm_fsdp2_fp32.train import main as train_main
 
-from conftest import run_training
+import launcher
+from conftest import PROJECT_ROOT, TEST_OVERRIDES, run_training, training_env
 
 # Tiny models of each architecture the families hold, at the project's vocabulary: grouped-query
 # attention with an untied head (Llama), q/k/v biases with tied embeddings (Qwen2), and GPT-2.
@@ -162,23 +164,30 @@ def test_a_run_from_an_import_exports_a_folder_transformers_loads_with_its_logit
         (out / "config.json").read_text()
     )
 
+    moved = copy_folder(folder, tmp_path / "moved")  # the same weights elsewhere: another start
+    elsewhere = [f"init_from={moved}", "model_family=llama", f"tokenizer={tokenizer}"]
+    argv = [*elsewhere, f"data_dir={data_dir}", f"run_dir={run_dir}", "max_steps=3", "--resume"]
+    env = training_env()
+    result = launcher.run(train_main, *TEST_OVERRIDES, *argv, cwd=PROJECT_ROOT, env=env)
+    assert result.returncode != 0 and "cannot resume with changed init_from" in result.stderr
 
-def test_a_large_export_is_sharded_as_transformers_shards_and_loads(config, hub_folders, tmp_path):
-    folder, reference = hub_folders["gpt2"]
+
+def test_a_model_from_scratch_exports_sharded_as_transformers_shards(config, tmp_path):
+    model = materialize(build_on_meta(config), torch.device("cpu"), config.seed).eval()
     weights = tmp_path / "weights.safetensors"
-    save_file(imported(config, folder, "gpt2").state_dict(), weights)
+    save_file(model.state_dict(), weights)
     out = tmp_path / "export"
-    files = export_folder(weights, read_architecture(folder), out, max_shard_bytes=100_000)
+    files = export_folder(weights, model_architecture(config), out, max_shard_bytes=20_000)
     index = json.loads((out / "model.safetensors.index.json").read_text())
     shards = sorted(set(index["weight_map"].values()))
     assert len(shards) > 1 and all(out / shard in files for shard in shards)
     loaded = AutoModelForCausalLM.from_pretrained(out).eval()
     tokens = torch.randint(0, NUM_CLASSES, (2, config.block_size))
     with torch.no_grad():
-        expected = reference(tokens).logits
+        expected = model(tokens)
         torch.testing.assert_close(loaded(tokens).logits, expected, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="exists and is not empty"):
-        export_folder(weights, read_architecture(folder), out)
+        export_folder(weights, model_architecture(config), out)
     assert sorted(out.iterdir()) == files, "a refused export writes nothing"
     assert [path.name for path in tmp_path.iterdir() if path.name.startswith(".")] == []
 

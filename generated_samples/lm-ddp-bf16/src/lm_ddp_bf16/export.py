@@ -7,8 +7,8 @@ transformers shards), generation_config.json and the run's tokenizer. Then
 
     AutoModelForCausalLM.from_pretrained(OUT), AutoTokenizer.from_pretrained(OUT)
 
-load it with no custom code, and `vllm serve OUT` serves it. Runs on a CPU-only machine, one
-tensor at a time (a shard's tensors at once while it is written).
+load it with no custom code, and `vllm serve OUT` serves it. Runs on a CPU-only machine, in
+the memory of one shard (`--max-shard-size`, 2 GiB: safetensors writes a file whole).
 """
 
 from __future__ import annotations

@@ -29,7 +29,9 @@ from .names import file_name, hub_name
 from .weights import INDEX_FILE, WEIGHTS_FILE
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
-DEFAULT_SHARD_BYTES = 5 * 2**30  # transformers' own max_shard_size default ("5GB")
+# A shard's tensors are in memory while it is written (safetensors writes a file whole), so the
+# shard size bounds an export's memory: 2 GiB, within transformers' 5GB of version 4.
+DEFAULT_SHARD_BYTES = 2 * 2**30
 
 
 def export_dtype(name: str) -> torch.dtype:
