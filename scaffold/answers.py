@@ -17,6 +17,7 @@ import unicodedata
 from collections import ChainMap
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from scaffold.errors import AnswerError
@@ -501,8 +502,8 @@ def build_answers(values: Mapping[str, Any]) -> Answers:
 
 
 def pretrained_answers(typed: dict[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
-    """`model_size` and `model_family` as `init_from`'s config.json gives them: its parameter
-    count and family.
+    """`init_from` as an absolute path (the project trains elsewhere), and `model_size` and
+    `model_family` as its config.json gives them: its parameter count and family.
 
     Raises:
         AnswerError: a folder `read_hub_folder` refuses; a
@@ -513,6 +514,7 @@ def pretrained_answers(typed: dict[str, Any], values: Mapping[str, Any]) -> dict
         raise AnswerError(
             "init_from starts a language model from a Hugging Face folder; set task=language-model"
         )
+    typed["init_from"] = str(Path(typed["init_from"]).expanduser().resolve())
     shape = read_hub_folder(typed["init_from"], 1)
     answered = values.maps[:-1] if isinstance(values, ChainMap) else [values]
     if any("model_size" in source for source in answered):
@@ -530,4 +532,5 @@ def pretrained_answers(typed: dict[str, Any], values: Mapping[str, Any]) -> dict
             f"model_family {typed['model_family']} contradicts init_from {typed['init_from']}, "
             f"a {shape.model_type} model ({shape.family} family); leave model_family out"
         )
-    return {"model_size": str(shape.params), "model_family": shape.family}
+    folder, size, family = typed["init_from"], str(shape.params), shape.family
+    return {"init_from": folder, "model_size": size, "model_family": family}
