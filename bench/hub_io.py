@@ -57,7 +57,8 @@ if kind == "export-transformers":
 Path("/proc/self/clear_refs").write_text("5")
 before, start = resident("VmRSS"), time.perf_counter()
 if kind == "import-project":
-    config = load_config("{sample}/configs/train.toml", [f"init_from={{folder}}", "model_family=llama"])
+    overrides = [f"init_from={{folder}}", "model_family=llama"]
+    config = load_config("{sample}/configs/train.toml", overrides)
     model = materialize(build_on_meta(config), torch.device("cpu"), 0)
 elif kind == "import-transformers":
     model = transformers.AutoModelForCausalLM.from_pretrained(folder)
@@ -107,7 +108,8 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="hub-io-"))
     try:
         folders = save_checkpoints(work)
-        print("| checkpoint | operation | project s | transformers s | project MiB | transformers MiB |")
+        columns = ("checkpoint", "operation", "project s", "transformers s", "project MiB")
+        print(f"| {' | '.join(columns)} | transformers MiB |")
         print("| --- | --- | ---: | ---: | ---: | ---: |")
         for label, folder in folders.items():
             for operation in ("import", "export"):

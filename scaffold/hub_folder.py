@@ -72,11 +72,15 @@ class HubDecoderShape(DecoderShape):
         return f"{self.model_type} {super().describe()}, from {self.folder}"
 
     def provenance(self) -> str:
-        kv = f", {self.kv_heads} key-value heads" if self.kv_heads != self.heads else ""
+        grouped = self.family == "llama" and self.kv_heads != self.heads
+        kv = f", {self.kv_heads} key-value heads" if grouped else ""
+        tied = ", tied embeddings" if self.tied else ""
+        if self.family == "gpt2":
+            tied = ", its output layer trained apart from the embedding (ByteGPT's is untied)"
         return (
             f"shape {self.depth} x {self.width}, {self.head_words}{kv}: {self.folder}'s "
             f"config.json ({self.model_type}, context {self.max_positions}, vocabulary "
-            f"{self.vocab:,}{', tied embeddings' if self.tied else ''})"
+            f"{self.vocab:,}{tied})"
         )
 
 
@@ -90,6 +94,8 @@ def read_hub_folder(folder: str, block_size: int) -> HubDecoderShape:
             safetensors weights.
     """
     path = Path(folder).expanduser() / CONFIG_FILE
+    if not path.parent.is_dir():
+        raise AnswerError(f"init_from {folder} does not exist; name a Hugging Face model folder")
     if not path.is_file():
         raise AnswerError(
             f"init_from {folder} holds no {CONFIG_FILE}; name a Hugging Face model folder "
@@ -114,14 +120,43 @@ def read_hub_folder(folder: str, block_size: int) -> HubDecoderShape:
     model_type = hub.get("model_type")
     try:
         if model_type == "gpt2":
-            return gpt2_shape(hub, folder, block_size)
-        if model_type in LLAMA_TYPES:
-            return llama_shape(hub, folder, block_size)
+            shape = gpt2_shape(hub, folder, block_size)
+        elif model_type in LLAMA_TYPES:
+            shape = llama_shape(hub, folder, block_size)
+        else:
+            shape = None
     except KeyError as error:
         raise AnswerError(
             f"{path} has no {error.args[0]!r}, which a {model_type} config needs"
         ) from None
-    raise AnswerError(f"{path}: model_type {model_type!r} is not supported; supported: {SUPPORTED}")
+    if shape is None:
+        raise AnswerError(
+            f"{path}: model_type {model_type!r} is not supported; supported: {SUPPORTED}"
+        )
+    tokens = tokenizer_size(Path(folder) / TOKENIZER_FILE)
+    if tokens > shape.vocab:
+        raise AnswerError(
+            f"init_from {folder}: its tokenizer.json has {tokens:,} tokens and the model's "
+            f"embedding {shape.vocab:,} rows; name the tokenizer the model was trained with"
+        )
+    return shape
+
+
+def tokenizer_size(path: Path) -> int:
+    """Tokens of a tokenizer.json (its model's vocabulary and its added tokens: the largest id
+    + 1), read as JSON; 0 where it names none.
+
+    Raises:
+        AnswerError: the file is not JSON.
+    """
+    try:
+        tokenizer = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise AnswerError(f"{path} is not JSON ({error})") from None
+    vocab = (tokenizer.get("model") or {}).get("vocab") or {}
+    ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))
+    ids += [token.get("id", 0) for token in tokenizer.get("added_tokens") or []]
+    return max(ids, default=-1) + 1
 
 
 def refuse(folder: str, what: str) -> None:

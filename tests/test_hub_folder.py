@@ -47,6 +47,7 @@ def test_the_parameter_count_is_the_rendered_models(config, tmp_path):
     import torch
 
     shape = read_hub_folder(str(model_folder(tmp_path, config)), 64)
+    (tmp_path / "tokenizer.json").unlink()  # a stand-in: the project loads a real one
     architecture = rendered(LM_SAMPLE, "hub.architecture").read_architecture(tmp_path)
     model_py = rendered(LM_SAMPLE, "model")
     with torch.device("meta"):
@@ -79,6 +80,8 @@ def test_an_architecture_the_project_cannot_hold_is_refused_with_what_it_can(
 
 
 def test_a_folder_without_its_files_is_refused_naming_the_missing_one(tmp_path):
+    with pytest.raises(AnswerError, match="does not exist"):
+        read_hub_folder(str(tmp_path / "nowhere"), 64)
     with pytest.raises(AnswerError, match="holds no config.json"):
         read_hub_folder(str(tmp_path), 64)
     folder = model_folder(tmp_path, LLAMA)
@@ -88,6 +91,18 @@ def test_a_folder_without_its_files_is_refused_naming_the_missing_one(tmp_path):
     (folder / "model.safetensors").unlink()
     with pytest.raises(AnswerError, match="no model.safetensors or its index"):
         read_hub_folder(str(folder), 64)
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_refused(tmp_path):
+    folder = model_folder(tmp_path, LLAMA)
+    tokenizer = {"model": {"vocab": {f"w{i}": i for i in range(300)}}}
+    tokenizer["added_tokens"] = [{"id": 330, "content": "<|endoftext|>"}]
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    with pytest.raises(AnswerError, match="tokenizer.json has 331 tokens and the model's embed"):
+        read_hub_folder(str(folder), 64)
+    tokenizer["added_tokens"][0]["id"] = 319  # 320 tokens: the embedding's rows
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    assert read_hub_folder(str(folder), 64).vocab == 320
 
 
 def lm_answers(**answers) -> dict:

@@ -24,6 +24,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from lm_cpu_single_fp32.config import load_config
 from lm_cpu_single_fp32.corpus import Codec
 from lm_cpu_single_fp32.corpus.shards import END_OF_TEXT
 from lm_cpu_single_fp32.data import NUM_CLASSES
@@ -111,10 +112,19 @@ def hub_folders(tmp_path_factory) -> dict[str, tuple[Path, torch.nn.Module]]:
     return folders
 
 
+def started_from(config, folder: Path, family: str):
+    """`config` starting from the model folder `folder`, with its tokenizer where it has one."""
+    tokenizer = folder / "tokenizer.json"
+    tokenizer = str(tokenizer) if tokenizer.is_file() else "bytes"
+    return dataclasses.replace(
+        config, init_from=str(folder), model_family=family, tokenizer=tokenizer
+    )
+
+
 def imported(config, folder: Path, family: str) -> torch.nn.Module:
     """The project's model started from `folder`, as every engine builds it: on the meta
     device, materialised by `init_tensor` (here, the folder's weights)."""
-    config = dataclasses.replace(config, init_from=str(folder), model_family=family)
+    config = started_from(config, folder, family)
     return materialize(build_on_meta(config), torch.device("cpu"), config.seed).eval()
 
 
@@ -211,11 +221,16 @@ def test_bad_model_folders_are_refused_in_one_line(config, hub_folders, tmp_path
 
     def refusal(broken: Path, family: str = "llama") -> str:
         with pytest.raises(ValueError) as error:
-            build_model(dataclasses.replace(config, init_from=str(broken), model_family=family))
+            build_model(started_from(config, broken, family))
         assert "\n" not in str(error.value)
         return str(error.value)
 
     assert "holds no config.json" in refusal(tmp_path)
+    assert "does not exist" in refusal(tmp_path / "nowhere")
+    larger = copy_folder(folder, tmp_path / "larger")
+    words = {f"w{i}": i for i in range(NUM_CLASSES + 10)}
+    Tokenizer(models.WordLevel(words, unk_token="w0")).save(str(larger / "tokenizer.json"))
+    assert f"has {NUM_CLASSES + 10:,} tokens and the model's embedding" in refusal(larger)
     moe = copy_folder(folder, tmp_path / "moe")
     write_config(moe, model_type="mixtral", num_local_experts=8)
     assert "model_type 'mixtral' is not supported; supported: llama, mistral" in refusal(moe)
@@ -240,6 +255,8 @@ def test_bad_model_folders_are_refused_in_one_line(config, hub_folders, tmp_path
     assert "missing model.norm.weight; unexpected model.extra.weight" in message
     (keys / "model.safetensors").unlink()
     assert "holds no model.safetensors or model.safetensors.index.json" in refusal(keys)
+    with pytest.raises(ValueError, match="the one init_from's model was trained with"):
+        load_config(PROJECT_ROOT / "configs" / "train.toml", [f"init_from={folder}"])
     short = dataclasses.replace(config, block_size=65)
     with pytest.raises(ValueError, match="block_size 65 is longer than"):
-        build_model(dataclasses.replace(short, init_from=str(folder), model_family="llama"))
+        build_model(started_from(short, folder, "llama"))

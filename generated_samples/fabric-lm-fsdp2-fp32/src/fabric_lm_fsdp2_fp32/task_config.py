@@ -114,6 +114,9 @@ class TaskConfig:
         if self.model_family not in MODEL_FAMILIES:
             families = ", ".join(MODEL_FAMILIES)
             problems.append(f"model_family must be one of {families}, got {self.model_family!r}")
+        if problem := tokenizer_problem(self.init_from, self.tokenizer):
+            own = Path(self.init_from) / TOKENIZER_FILE
+            problems.append(f'{problem}; set tokenizer = "{own}"')
         if self.dropout and self.model_family == "llama":
             problems.append("dropout applies to model_family gpt2 only; set it to 0")
         if self.tokenizer not in ("bytes", "bpe") and not self.tokenizer.endswith(".json"):
@@ -123,6 +126,22 @@ class TaskConfig:
         if not 0 < self.val_fraction < 1:
             problems.append(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")
         return problems
+
+
+def tokenizer_problem(init_from: str, tokenizer: str) -> str | None:
+    """Why `tokenizer` cannot encode the data of a model started from `init_from` (None: it
+    can): where the model folder has a tokenizer.json, its ids are the ones the model was
+    trained on, so the data must be encoded with that one (the same file's content)."""
+    own = Path(init_from) / TOKENIZER_FILE if init_from else None
+    if own is None or not own.is_file():
+        return None
+    named = tokenizer not in ("bytes", "bpe") and Path(tokenizer).is_file()
+    if named and Path(tokenizer).read_bytes() == own.read_bytes():
+        return None
+    return (
+        f"tokenizer {tokenizer!r} is not {own}, the one init_from's model was trained with "
+        "(its ids would mean other text to it)"
+    )
 
 
 def legacy_fingerprint(path: Path) -> str:

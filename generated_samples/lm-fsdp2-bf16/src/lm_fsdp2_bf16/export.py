@@ -49,8 +49,14 @@ def main(argv: list[str] | None = None) -> list[Path]:
     parser.add_argument("out", help="the folder to write (new, or empty)")
     parser.add_argument("--run-dir", help="the trained run (default: configs/train.toml's)")
     parser.add_argument("--weights", default=WEIGHTS_FILE, help="a weights file of the run")
-    parser.add_argument("--dtype", default="float32", help="a torch dtype: 16 bits halve it")
-    parser.add_argument("--max-shard-size", default=f"{DEFAULT_SHARD_BYTES // 2**30}GiB")
+    parser.add_argument(
+        "--dtype", default="float32", help="the weights' dtype: float32, or a 16-bit one of torch"
+    )
+    parser.add_argument(
+        "--max-shard-size",
+        default=f"{DEFAULT_SHARD_BYTES // 2**30}GiB",
+        help="the largest weights file, e.g. 5GB or 500MB (default 2GiB): what the export holds",
+    )
     args = parser.parse_args(argv)
     with user_errors():
         max_shard_bytes = parse_size(args.max_shard_size)

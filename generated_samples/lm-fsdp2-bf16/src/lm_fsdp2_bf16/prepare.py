@@ -16,8 +16,9 @@ from pathlib import Path
 
 from .config import Config, command_parser, load_config, user_errors
 from .corpus.pipeline import DOCUMENT_BYTES, Options, plural, prepare, stop_on_sigterm
-from .corpus.shards import BYTE_VOCABULARY, SPLITS, Manifest
+from .corpus.shards import BYTE_VOCABULARY, SPLITS, TOKENIZER_FILE, Manifest
 from .data import NUM_CLASSES
+from .task_config import tokenizer_problem
 
 
 def main(argv: list[str] | None = None) -> Manifest:
@@ -55,6 +56,9 @@ def main(argv: list[str] | None = None) -> Manifest:
             raise ValueError(f"--workers must be at least 1, got {args.workers}")
         tokenizer = args.tokenizer or config.tokenizer
         check_tokenizer_options(args, tokenizer)
+        if problem := tokenizer_problem(config.init_from, tokenizer):
+            own = Path(config.init_from) / TOKENIZER_FILE
+            raise ValueError(f"{problem}; pass --tokenizer {own}, or leave --tokenizer out")
         options = Options(
             tokenizer=tokenizer,
             vocab_size=vocab_size,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -41,7 +42,7 @@ def export_dtype(name: str) -> torch.dtype:
     Raises:
         ValueError: `name` names no floating-point dtype of torch.
     """
-    dtype = getattr(torch, name, None)
+    dtype = getattr(torch, name.removeprefix("torch."), None)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype {name!r} is no floating-point dtype of torch, e.g. float32")
     return dtype
@@ -149,6 +150,7 @@ def export_folder(
                 shutil.copyfile(original_tokenizer_config, scratch / TOKENIZER_CONFIG)
             else:
                 write_json(scratch / TOKENIZER_CONFIG, tokenizer_config(architecture, eot))
+        publish(scratch)
         if out.exists():
             out.rmdir()
         scratch.rename(out)
@@ -156,6 +158,17 @@ def export_folder(
         shutil.rmtree(scratch, ignore_errors=True)
         raise
     return sorted(out.iterdir())
+
+
+def publish(folder: Path) -> None:
+    """Give `folder` and its files the permissions of a folder and files made with this
+    process's umask (the scratch folder is private, 0700, as tempfile makes it): a server that
+    runs as another user reads an export as it reads any other folder."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for path in folder.iterdir():
+        path.chmod(0o666 & ~umask)
 
 
 def write_json(path: Path, value: dict[str, Any]) -> None:

@@ -91,16 +91,17 @@ class HubWeights:
 
     def check_shapes(self, folder: Path, model: nn.Module) -> None:
         """Raise ValueError naming every tensor whose shape is not its parameter's."""
-        wrong = []
+        wrong = {}
         for name, parameter in model.named_parameters():
             path, key, transposed = self.sources[name]
             with safe_open(path, framework="pt") as handle:
                 shape = list(handle.get_slice(key).get_shape())
             want = list(parameter.shape)[::-1] if transposed else list(parameter.shape)
-            if shape != want:
-                wrong.append(f"{key} {shape} (config.json gives {want})")
+            if shape != want:  # a tensor two parameters start from is named once
+                wrong[key] = f"{key} {shape} (config.json gives {want})"
         if wrong:
-            raise ValueError(f"{folder}'s weights disagree with its config.json: {listed(wrong)}")
+            disagree = listed(list(wrong.values()))
+            raise ValueError(f"{folder}'s weights disagree with its config.json: {disagree}")
 
     def init_tensor(
         self, name: str, tensor: Tensor, generator: torch.Generator | None = None

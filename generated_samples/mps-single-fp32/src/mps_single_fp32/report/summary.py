@@ -199,7 +199,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"**LR:** warmup {config['warmup_steps']} steps, cosine to {config['min_lr_ratio']} x "
         f"{config['lr']:g} | **Steps:** {summary['steps']} in {summary['epochs']:.3g} "
         f"epoch(s){_early_stop(summary)}",
-        f"**Sanity:** initial loss {summary['initial_loss']:.4f} (expected "
+        f"**Sanity:** initial loss {summary['initial_loss']:.4f} (from random weights: "
         f"{summary['expected_initial_loss']:.4f}); resumed from: {summary['resumed_from'] or 'no'}"
         f"{_resumes_that_changed(summary)}",
         _results(summary),

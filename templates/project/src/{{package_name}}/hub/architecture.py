@@ -15,9 +15,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from tokenizers import Tokenizer
+
 from ..llama import LlamaShape
 
 CONFIG_FILE = "config.json"
+TOKENIZER_FILE = "tokenizer.json"
 LLAMA_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
 LLAMA_TYPES |= {"qwen2": "Qwen2ForCausalLM"}
 GPT2_ACTIVATIONS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
@@ -62,10 +65,14 @@ def read_architecture(folder: Path) -> Architecture:
     """The architecture `folder`'s config.json describes.
 
     Raises:
-        ValueError: no config.json there, or one that is not JSON, or an architecture neither
-            family holds (the message lists the supported ones), or a field missing.
+        ValueError: no such folder, no config.json there, or one that is not JSON, or an
+            architecture neither family holds (the message lists the supported ones), a field
+            missing, or a tokenizer.json that does not load or holds more tokens than the
+            embedding has rows.
     """
     path = Path(folder) / CONFIG_FILE
+    if not path.parent.is_dir():
+        raise ValueError(f"init_from {folder} does not exist; name a Hugging Face model folder")
     if not path.is_file():
         raise ValueError(
             f"{folder} holds no {CONFIG_FILE}; init_from names a Hugging Face model folder"
@@ -88,6 +95,17 @@ def read_architecture(folder: Path) -> Architecture:
         raise ValueError(
             f"{path} has no {error.args[0]!r}, which a {model_type} config needs"
         ) from None
+    tokenizer = Path(folder) / TOKENIZER_FILE
+    if tokenizer.is_file():
+        try:
+            size = Tokenizer.from_file(str(tokenizer)).get_vocab_size(with_added_tokens=True)
+        except Exception as error:  # the tokenizers library raises its own, untyped
+            raise ValueError(f"{tokenizer} does not load as a tokenizer ({error})") from None
+        if size > shape.vocab_size:
+            raise ValueError(
+                f"{tokenizer} has {size:,} tokens and the model's embedding {shape.vocab_size:,} "
+                "rows; name the tokenizer the model was trained with"
+            )
     tokens = {key: hub.get(key) for key in ("bos_token_id", "eos_token_id")}
     return Architecture(model_type, family, shape, **tokens)
 
