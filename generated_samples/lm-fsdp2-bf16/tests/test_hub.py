@@ -174,11 +174,20 @@ def test_a_run_from_an_import_exports_a_folder_transformers_loads_with_its_logit
         (out / "config.json").read_text()
     )
 
+    # A checkpoint of the run, in its strategy's format, exports the weights it holds: the
+    # last one's are the run's last.
+    step = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
+    argv = [str(tmp_path / "from-step"), "--run-dir", str(run_dir), "--checkpoint", str(step)]
+    result = launcher.run(export_main, *argv, cwd=PROJECT_ROOT, env=training_env())
+    assert result.returncode == 0, result.stderr[-3000:]
+    from_step = load_file(tmp_path / "from-step" / "model.safetensors")
+    assert from_step.keys() == first.keys()
+    assert all(torch.equal(from_step[key], tensor) for key, tensor in first.items())
+
     moved = copy_folder(folder, tmp_path / "moved")  # the same weights elsewhere: another start
     elsewhere = [f"init_from={moved}", "model_family=llama", f"tokenizer={tokenizer}"]
     argv = [*elsewhere, f"data_dir={data_dir}", f"run_dir={run_dir}", "max_steps=3", "--resume"]
-    env = training_env()
-    result = launcher.run(train_main, *TEST_OVERRIDES, *argv, cwd=PROJECT_ROOT, env=env)
+    result = launcher.run(train_main, *TEST_OVERRIDES, *argv, cwd=PROJECT_ROOT, env=training_env())
     assert result.returncode != 0 and "cannot resume with changed init_from" in result.stderr
 
 

@@ -1,7 +1,9 @@
 """Write a run's model as a Hugging Face folder: `python -m fabric_lm_fsdp2_fp32.export OUT`.
 
 Writes OUT from the run's best weights (`model.safetensors`; `--weights model-last.safetensors`
-for the final step's, or a path), which every strategy's run writes as one file when it ends:
+for the final step's, or a path), which every strategy's run writes as one file when it ends,
+or from any checkpoint (`--checkpoint runs/<run>/checkpoints/step-N`, any strategy's format
+written at any number of processes: loaded here as a resume on one CPU process would load it):
 config.json, the weights under transformers' names (sharded above `--max-shard-size`, as
 transformers shards), generation_config.json and the run's tokenizer. Then
 
@@ -14,15 +16,22 @@ the memory of one shard (`--max-shard-size`, 2 GiB: safetensors writes a file wh
 from __future__ import annotations
 
 import dataclasses
+import functools
+import tempfile
 from pathlib import Path
 
+from safetensors.torch import save_file
+
 from .checkpoint import WEIGHTS_FILE
-from .config import command_parser, load_config, user_errors
+from .config import Config, command_parser, load_config, user_errors
 from .corpus import TOKENIZER_FILE
+from .engine import Engine, build_on_meta
 from .generate import run_codec, run_config, run_weights
 from .hub import export_folder
 from .hub.export_folder import DEFAULT_SHARD_BYTES
 from .model import model_architecture
+from .runtime import init_runtime, shutdown_runtime
+from .training import build_optimizer
 
 SIZE_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
@@ -43,12 +52,36 @@ def parse_size(text: str) -> int:
     raise ValueError(f"--max-shard-size {text!r} is not a size such as 5GB, 500MB or 2GiB")
 
 
+def checkpoint_weights(config: Config, folder: Path, out: Path) -> Path:
+    """The model weights of the checkpoint `folder` as one safetensors file `out` (returned):
+    the run's engine, built in this process on the CPU, loads it as a resume on one process
+    does (a sharded checkpoint of any world size is resharded) and gathers the whole state
+    dict. Holds the model and its optimizer state while it does.
+
+    Raises:
+        ValueError: `folder` is no checkpoint the engine loads.
+    """
+    if not (folder / "trainer.pt").is_file():
+        raise ValueError(f"{folder} is no checkpoint folder (no trainer.pt); name a step-N folder")
+    runtime = init_runtime("cpu")
+    try:
+        make_optimizer = functools.partial(build_optimizer, config=config)
+        engine = Engine(build_on_meta(config), make_optimizer, runtime, config)
+        engine.load(folder)
+        state = engine.full_state_dict()
+    finally:
+        shutdown_runtime(runtime)
+    save_file({name: tensor.contiguous() for name, tensor in state.items()}, out)
+    return out
+
+
 def main(argv: list[str] | None = None) -> list[Path]:
     """Entry point; prints the folder written and returns its files."""
     parser = command_parser(__doc__.splitlines()[0])
     parser.add_argument("out", help="the folder to write (new, or empty)")
     parser.add_argument("--run-dir", help="the trained run (default: configs/train.toml's)")
     parser.add_argument("--weights", default=WEIGHTS_FILE, help="a weights file of the run")
+    parser.add_argument("--checkpoint", help="a checkpoint folder of the run instead")
     parser.add_argument(
         "--dtype", default="float32", help="the weights' dtype: float32, or a 16-bit one of torch"
     )
@@ -62,7 +95,6 @@ def main(argv: list[str] | None = None) -> list[Path]:
         max_shard_bytes = parse_size(args.max_shard_size)
         run_dir = Path(args.run_dir or load_config("configs/train.toml").run_dir)
         config = run_config(run_dir)
-        weights = run_weights(run_dir, args.weights)
         architecture = model_architecture(config)
         codec = run_codec(run_dir, config)
         tokenizer, eot, original = None, None, None
@@ -73,16 +105,21 @@ def main(argv: list[str] | None = None) -> list[Path]:
             original = Path(config.init_from) / "tokenizer_config.json"
         if architecture.eos_token_id is None:
             architecture = dataclasses.replace(architecture, eos_token_id=codec.eot_id)
-        files = export_folder(
-            weights,
-            architecture,
-            Path(args.out),
-            tokenizer,
-            eot,
-            original,
-            args.dtype,
-            max_shard_bytes,
-        )
+        with tempfile.TemporaryDirectory() as scratch:
+            if args.checkpoint:
+                weights = checkpoint_weights(config, Path(args.checkpoint), Path(scratch) / "w")
+            else:
+                weights = run_weights(run_dir, args.weights)
+            files = export_folder(
+                weights,
+                architecture,
+                Path(args.out),
+                tokenizer,
+                eot,
+                original,
+                args.dtype,
+                max_shard_bytes,
+            )
     tokenizer_note = "" if tokenizer else " (byte tokens: no tokenizer.json to ship)"
     print(f"wrote {args.out}: {', '.join(path.name for path in files)}{tokenizer_note}")
     return files
