@@ -28,7 +28,7 @@ from .corpus import TOKENIZER_FILE
 from .engine import Engine, build_on_meta
 from .generate import run_codec, run_config, run_weights
 from .hub import export_folder
-from .hub.export_folder import DEFAULT_SHARD_BYTES
+from .hub.export_folder import DEFAULT_SHARD_BYTES, TOKENIZER_CONFIG
 from .model import model_architecture
 from .runtime import init_runtime, shutdown_runtime
 from .training import build_optimizer
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
             tokenizer = run_dir / TOKENIZER_FILE
             eot = codec.tokenizer.id_to_token(codec.eot_id)
         if config.init_from:
-            original = Path(config.init_from) / "tokenizer_config.json"
+            original = Path(config.init_from) / TOKENIZER_CONFIG
         if architecture.eos_token_id is None:
             architecture = dataclasses.replace(architecture, eos_token_id=codec.eot_id)
         with tempfile.TemporaryDirectory() as scratch:

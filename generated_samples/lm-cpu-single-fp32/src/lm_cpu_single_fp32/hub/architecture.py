@@ -11,7 +11,7 @@ layout that differs would give other logits without a word.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -54,6 +54,13 @@ class Architecture:
     def vocab_size(self) -> int:
         """Rows of the embedding."""
         return self.shape.vocab_size
+
+    @property
+    def special_token_ids(self) -> dict[str, int | list[int]]:
+        """`bos_token_id` and `eos_token_id` where the model has them, as transformers' config
+        and generation config name them."""
+        ids = {"bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_id}
+        return {key: value for key, value in ids.items() if value is not None}
 
     @property
     def max_positions(self) -> int:
@@ -182,11 +189,6 @@ def gpt2_shape(hub: dict[str, Any], path: Path) -> GPT2Shape:
 def hub_config(architecture: Architecture) -> dict[str, Any]:
     """The config.json transformers builds `architecture` from (`AutoConfig`), in float32."""
     shape = architecture.shape
-    special = {
-        key: value
-        for key, value in asdict(architecture).items()
-        if key in ("bos_token_id", "eos_token_id") and value is not None
-    }
     if isinstance(shape, GPT2Shape):
         activation = "gelu" if shape.gelu_approximate == "none" else "gelu_new"
         config = {
@@ -224,4 +226,4 @@ def hub_config(architecture: Architecture) -> dict[str, Any]:
             config |= {"attention_bias": shape.output_bias, "mlp_bias": False}
         else:
             config |= {"sliding_window": None, "use_sliding_window": False}
-    return config | special | {"torch_dtype": "float32"}
+    return config | architecture.special_token_ids | {"torch_dtype": "float32"}

@@ -136,14 +136,7 @@ def export_folder(
             index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}
             write_json(scratch / INDEX_FILE, index)
         write_json(scratch / CONFIG_FILE, hub_config(architecture) | {"torch_dtype": dtype})
-        generation = {
-            "bos_token_id": architecture.bos_token_id,
-            "eos_token_id": architecture.eos_token_id,
-        }
-        write_json(
-            scratch / "generation_config.json",
-            {k: v for k, v in generation.items() if v is not None},
-        )
+        write_json(scratch / "generation_config.json", architecture.special_token_ids)
         if tokenizer is not None:
             shutil.copyfile(tokenizer, scratch / "tokenizer.json")
             if original_tokenizer_config is not None and original_tokenizer_config.is_file():

@@ -91,11 +91,15 @@ class HubWeights:
 
     def check_shapes(self, folder: Path, model: nn.Module) -> None:
         """Raise ValueError naming every tensor whose shape is not its parameter's."""
+        shapes = {}  # each file's header read once
+        for path in {source[0] for source in self.sources.values()}:
+            with safe_open(path, framework="pt") as handle:
+                names = handle.keys()
+                shapes |= {(path, key): list(handle.get_slice(key).get_shape()) for key in names}
         wrong = {}
         for name, parameter in model.named_parameters():
             path, key, transposed = self.sources[name]
-            with safe_open(path, framework="pt") as handle:
-                shape = list(handle.get_slice(key).get_shape())
+            shape = shapes[path, key]
             want = list(parameter.shape)[::-1] if transposed else list(parameter.shape)
             if shape != want:  # a tensor two parameters start from is named once
                 wrong[key] = f"{key} {shape} (config.json gives {want})"
