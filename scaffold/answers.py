@@ -204,6 +204,7 @@ PROJECT_IMPORTS = frozenset(
         "tokenizers",
         "transformers",  # the language model's tests: the reference loader
         "pyarrow",
+        "jinja2",  # the language model's chat templates
         "zstandard",
         "pytest",
         "conftest",  # the project's tests/conftest.py

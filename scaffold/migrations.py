@@ -40,6 +40,17 @@ NOTES: dict[str, str] = {
         "merges its new build_model and model_architecture beside your edits; data.py and "
         "task.py are unchanged"
     ),
+    "0.4.0": (
+        "language-model projects read chat and instruction records: prepare --format chat "
+        "(`messages`, rendered by the tokenizer's chat template) or completion (`prompt`, "
+        "`completion`) writes examples with loss masks (corpus/chat.py, corpus/examples.py), "
+        "trained on the replies only and packed without attending across examples (pack in "
+        "configs/train.toml, packing.py). model.py's ByteGPT and llama.py's Llama take the "
+        "packed rows' documents, data.py's build_datasets reads examples as ExampleRows and "
+        "task.py takes IGNORE_INDEX from corpus/ and reports the padding share: where you edited "
+        "those files, the update merges these changes beside your edits; a text corpus trains "
+        "as before"
+    ),
 }
 
 # version → {old path: new path}, relative to the project; "{package}" is the package's name.

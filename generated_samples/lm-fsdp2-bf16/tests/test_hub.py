@@ -25,7 +25,8 @@ from transformers import (
 )
 
 from lm_fsdp2_bf16.config import load_config
-from lm_fsdp2_bf16.corpus import Codec
+from lm_fsdp2_bf16.corpus import Codec, prepare
+from lm_fsdp2_bf16.corpus.chat import ChatTemplate, encode_example
 from lm_fsdp2_bf16.corpus.shards import END_OF_TEXT
 from lm_fsdp2_bf16.data import NUM_CLASSES
 from lm_fsdp2_bf16.engine import build_on_meta, materialize
@@ -36,7 +37,7 @@ from lm_fsdp2_bf16.model import build_model, model_architecture
 from lm_fsdp2_bf16.train import main as train_main
 
 import launcher
-from conftest import PROJECT_ROOT, TEST_OVERRIDES, run_training, training_env
+from conftest import PROJECT_ROOT, TEST_OVERRIDES, jinja, run_training, training_env
 
 # Tiny models of each architecture the families hold, at the project's vocabulary: grouped-query
 # attention with an untied head (Llama), q/k/v biases with tied embeddings (Qwen2), and GPT-2.
@@ -140,14 +141,36 @@ def test_an_imported_model_gives_transformers_logits(config, hub_folders, name):
     assert not torch.equal(other(tokens), ours), "a model from scratch differs (the test can fail)"
 
 
+def chat_records(count: int) -> list[dict]:
+    """Short sums asked and answered: conversations of different lengths."""
+    records = []
+    for number in range(count):
+        a, b = number % 13, number % 7
+        messages = [{"role": "user", "content": f"{a}+{b}"}]
+        messages.append({"role": "assistant", "content": str(a + b) + "!" * (number % 5)})
+        records.append({"messages": messages})
+    return records
+
+
 def test_a_run_from_an_import_exports_a_folder_transformers_loads_with_its_logits(
     config, hub_folders, tmp_path
 ):
-    folder, _ = hub_folders["llama"]
+    """The fine-tuning path end to end: a model folder with a chat template, chat records
+    prepared into masked examples, trained packed, then exported."""
+    folder = copy_folder(hub_folders["llama"][0], tmp_path / "chat-model")
+    template = jinja("<% for m in messages %><< m['content'] + eos_token >><% endfor %>")
+    config_file = folder / "tokenizer_config.json"
+    config_file.write_text(json.dumps({"chat_template": template, "eos_token": END_OF_TEXT}))
     run_dir, data_dir = tmp_path / "run", tmp_path / "data"
     tokenizer = folder / "tokenizer.json"
+    records = tmp_path / "chat.jsonl"
+    records.write_text("".join(json.dumps(record) + "\n" for record in chat_records(400)))
+    options = {"format": "chat", "tokenizer": str(tokenizer), "max_example_tokens": 32}
+    prepare([str(records)], data_dir, val_fraction=0.1, **options)
     settings = [f"init_from={folder}", "model_family=llama", f"tokenizer={tokenizer}"]
     run_training(*settings, f"data_dir={data_dir}", f"run_dir={run_dir}", "max_steps=3")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["padding_packed"] < summary["padding_unpacked"] / 2, "packing packs"
     model, trained = load_trained(run_dir, "model-last.safetensors", torch.device("cpu"))
     started = load_file(folder / "model.safetensors")
     assert not torch.equal(started["lm_head.weight"], model.lm_head.weight), "it trained"
@@ -161,7 +184,12 @@ def test_a_run_from_an_import_exports_a_folder_transformers_loads_with_its_logit
         torch.testing.assert_close(loaded(tokens).logits, expected, rtol=1e-5, atol=1e-5)
     text = "def f():\n    return 1\n"
     codec = Codec(tokenizer)
-    assert AutoTokenizer.from_pretrained(out)(text)["input_ids"] == codec.encode_batch([text])[0]
+    loaded_tokenizer = AutoTokenizer.from_pretrained(out)
+    assert loaded_tokenizer(text)["input_ids"] == codec.encode_batch([text])[0]
+    conversation = chat_records(3)[2]  # the exported folder keeps the chat template
+    ids, _ = encode_example(conversation, "chat", codec, ChatTemplate.load(config_file))
+    expected = loaded_tokenizer.apply_chat_template(conversation["messages"], return_dict=True)
+    assert expected["input_ids"] == ids.tolist()
 
     again = tmp_path / "again"  # export -> import -> export: the same tensors, bit for bit
     save_file(imported(config, out, "llama").state_dict(), tmp_path / "reimported.safetensors")

@@ -46,6 +46,16 @@ RANDOMNESS_OFF = ["dropout=0.0"]
 # Libraries a run imports besides the project's modules (tests/launcher.py preloads them).
 RUN_IMPORTS: list[str] = []
 
+
+def jinja(text: str) -> str:
+    """A Jinja template (a chat template) written with << >> and <% %> for its delimiters, so
+    that no file of the project looks like an unrendered template of scaffold's."""
+    pairs = (("<<", "{" + "{"), (">>", "}" + "}"), ("<%", "{" + "%"), ("%>", "%" + "}"))
+    for written, meant in pairs:
+        text = text.replace(written, meant)
+    return text
+
+
 TEST_OVERRIDES = [f"{key}={json.dumps(value)}" for key, value in TEST_SETTINGS.items()]
 # What a training run imports, on its way too (the first optimizer step imports torch._dynamo):
 # imported once, by the launcher's server.

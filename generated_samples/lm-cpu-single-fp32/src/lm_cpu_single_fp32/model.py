@@ -9,7 +9,9 @@ rest of the project needs from it (`train.py` imports nothing else from here):
 - `build_model(config) -> nn.Module`, whose `forward(tokens)` maps int64 token ids `[B, T]`
   (T <= `config.block_size`) to raw next-token logits, float `[B, T, NUM_CLASSES]` (no
   softmax: the loss applies log-softmax itself). Start the logits near zero, so the initial
-  loss is ln(NUM_CLASSES), the sanity ladder's rung 2.
+  loss is ln(NUM_CLASSES), the sanity ladder's rung 2. For packed example data (`pack`),
+  `forward(tokens, documents)` too: int64 `[B, T]` example indices, within which alone each
+  position attends and from whose start it counts its position (packing.py).
 - `model.shard_units() -> list[nn.Module]`: the submodules a strategy that shards the model
   wraps one at a time (each is gathered whole only while it runs) and activation checkpointing
   recomputes one at a time; the transformer blocks.
@@ -37,6 +39,7 @@ from .config import Config, parse_param_count
 from .data import NUM_CLASSES
 from .hub import Architecture, GPT2Shape, HubWeights, read_architecture
 from .llama import Llama, LlamaShape
+from .packing import document_causal_mask, document_positions
 
 # Published decoders' shapes: (name, nominal parameters, blocks, width, heads). A model_size equal
 # to a nominal size builds that shape, with fewer parameters here: the nominal counts include
@@ -81,7 +84,8 @@ class Shape(NamedTuple):
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head self-attention where position t sees positions <= t: `[B, T, C] -> [B, T, C]`."""
+    """Multi-head self-attention where position t sees positions <= t: `[B, T, C] -> [B, T, C]`;
+    with `mask` (bool `[B, 1, T, T]`, packing.document_causal_mask), the positions it allows."""
 
     def __init__(self, width: int, heads: int, dropout: float):
         super().__init__()
@@ -92,13 +96,15 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(width, width)
         self.dropout = dropout
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         b, t, c = x.shape
         qkv = self.qkv(x).view(b, t, 3, self.heads, c // self.heads)
         q, k, v = qkv.transpose(1, 3).unbind(dim=2)
-        # q, k, v: [B, heads, T, C / heads]; the fused kernel applies the causal mask itself.
+        # q, k, v: [B, heads, T, C / heads]; without a mask the fused kernel applies the causal
+        # one itself.
         p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        causal = mask is None
+        y = F.scaled_dot_product_attention(q, k, v, mask, dropout_p=p, is_causal=causal)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 
 
@@ -118,15 +124,17 @@ class Block(nn.Module):
             nn.Dropout(dropout),
         )
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_attn(x))
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        x = x + self.attn(self.ln_attn(x), mask)
         return x + self.mlp(self.ln_mlp(x))
 
 
 class ByteGPT(nn.Module):
     """Token ids `[B, T]` (int64, < vocab_size, T <= block_size) -> next-token logits
     `[B, T, vocab_size]` (default NUM_CLASSES); transformers' `GPT2LMHeadModel` without tied
-    embeddings (hub/names.py maps the names)."""
+    embeddings (hub/names.py maps the names). Rows of packed examples come with their
+    `documents` (int64 `[B, T]`, packing.py): each example attends to itself only, its
+    positions counted from 0."""
 
     def __init__(
         self,
@@ -150,11 +158,14 @@ class ByteGPT(nn.Module):
         for name, parameter in self.named_parameters():  # nothing to fill on the meta device
             self.init_tensor(name, parameter.data)
 
-    def forward(self, tokens: Tensor) -> Tensor:
+    def forward(self, tokens: Tensor, documents: Tensor | None = None) -> Tensor:
         positions = torch.arange(tokens.shape[1], device=tokens.device)
+        mask = None
+        if documents is not None:
+            positions, mask = document_positions(documents), document_causal_mask(documents)
         x = self.token_embedding(tokens) + self.position_embedding(positions)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, mask)
         return self.head(self.ln_final(x))
 
     def shard_units(self) -> list[nn.Module]:

@@ -21,7 +21,7 @@ from .checkpoint import Checkpointer, CheckpointManager, fit_to_checkpoint, star
 from .config import Config, parse_command_line, user_errors
 from .data import build_datasets
 from .engine import Engine, build_on_meta, keep_freed_memory
-from .loader import make_eval_loader, make_train_loader
+from .loader import make_eval_loader, make_train_loader, model_inputs
 from .report import ProfileWindow, RunLog, finish_run
 from .runtime import Runtime, init_runtime, shutdown_runtime
 from .state_io import full_disk_exits
@@ -52,7 +52,7 @@ def train_step(
     for index, (inputs, _) in enumerate(batches):
         with engine.micro_step(last=index == count - 1):
             with engine.autocast():
-                logits = engine.module(inputs.to(device, non_blocking=True))
+                logits = engine.module(*model_inputs(inputs, device))
                 loss = loss_fn(logits, targets[index]) * weights[index]
             engine.backward(loss / count)
         total_loss += loss.detach()

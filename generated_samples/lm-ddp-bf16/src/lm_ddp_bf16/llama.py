@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .packing import document_causal_mask, document_positions
+
 
 @dataclass(frozen=True)
 class LlamaShape:
@@ -59,14 +61,15 @@ class LlamaShape:
         return cls(vocab_size, width, depth, heads, heads, intermediate, max_positions)
 
 
-def rotary_tables(length: int, channels: int, theta: float, device: torch.device) -> Tensor:
-    """cos and sin of the rotary angles of positions 0..length-1, float32 `[2, length,
-    channels]`: position p turns channel pair (i, i + channels/2) by p / theta^(2i/channels)
-    (Su et al. 2021, RoFormer, eq. 34; the half-split layout of transformers' Llama)."""
+def rotary_tables(positions: Tensor, channels: int, theta: float) -> Tensor:
+    """cos and sin of the rotary angles of int64 `positions` (any shape `[..., T]`), float32
+    `[2, ..., T, channels]`: position p turns channel pair (i, i + channels/2) by
+    p / theta^(2i/channels) (Su et al. 2021, RoFormer, eq. 34; the half-split layout of
+    transformers' Llama)."""
+    device = positions.device
     exponents = torch.arange(0, channels, 2, dtype=torch.int64, device=device).float() / channels
     inverse_frequencies = 1.0 / (theta**exponents)
-    positions = torch.arange(length, device=device).float()
-    angles = positions[:, None] * inverse_frequencies[None, :]
+    angles = positions.float()[..., None] * inverse_frequencies
     angles = torch.cat((angles, angles), dim=-1)
     return torch.stack((angles.cos(), angles.sin()))
 
@@ -79,7 +82,8 @@ def rotate(x: Tensor, tables: Tensor) -> Tensor:
 
 
 class LlamaAttention(nn.Module):
-    """Causal grouped-query self-attention with rotary positions: `[B, T, C] -> [B, T, C]`."""
+    """Causal grouped-query self-attention with rotary positions: `[B, T, C] -> [B, T, C]`;
+    with `mask` (bool `[B, 1, T, T]`, packing.document_causal_mask), the positions it allows."""
 
     def __init__(self, shape: LlamaShape):
         super().__init__()
@@ -95,14 +99,15 @@ class LlamaAttention(nn.Module):
         self.v_proj = nn.Linear(shape.width, shape.kv_heads * self.head_dim, bias=shape.qkv_bias)
         self.o_proj = nn.Linear(shape.heads * self.head_dim, shape.width, bias=shape.output_bias)
 
-    def forward(self, x: Tensor, tables: Tensor) -> Tensor:
+    def forward(self, x: Tensor, tables: Tensor, mask: Tensor | None = None) -> Tensor:
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = rotate(q, tables), rotate(k, tables)
         grouped = self.kv_heads != self.heads
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped)
+        causal = mask is None
+        y = F.scaled_dot_product_attention(q, k, v, mask, is_causal=causal, enable_gqa=grouped)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
 
@@ -129,8 +134,8 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = nn.RMSNorm(shape.width, eps=shape.norm_eps)
         self.mlp = LlamaMLP(shape)
 
-    def forward(self, x: Tensor, tables: Tensor) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), tables)
+    def forward(self, x: Tensor, tables: Tensor, mask: Tensor | None = None) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), tables, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -146,7 +151,9 @@ class LlamaModel(nn.Module):
 
 class Llama(nn.Module):
     """Token ids `[B, T]` (int64, < `shape.vocab_size`, T <= `shape.max_positions`) ->
-    next-token logits float `[B, T, vocab_size]`; transformers' `LlamaForCausalLM` layout."""
+    next-token logits float `[B, T, vocab_size]`; transformers' `LlamaForCausalLM` layout.
+    Rows of packed examples come with their `documents` (int64 `[B, T]`, packing.py): each
+    example attends to itself only, its rotary positions counted from 0."""
 
     def __init__(self, shape: LlamaShape):
         super().__init__()
@@ -160,16 +167,21 @@ class Llama(nn.Module):
         for name, parameter in self.named_parameters():  # nothing to fill on the meta device
             self.init_tensor(name, parameter.data)
 
-    def forward(self, tokens: Tensor) -> Tensor:
+    def forward(self, tokens: Tensor, documents: Tensor | None = None) -> Tensor:
         if tokens.shape[1] > self.shape.max_positions:
             raise ValueError(
                 f"{tokens.shape[1]} tokens; the model reads {self.shape.max_positions}"
             )
-        channels = self.shape.channels_per_head
-        tables = rotary_tables(tokens.shape[1], channels, self.shape.rope_theta, tokens.device)
+        positions, mask = torch.arange(tokens.shape[1], device=tokens.device), None
+        if documents is not None:  # [B, 1, T]: one row of positions per sequence, every head
+            positions, mask = (
+                document_positions(documents)[:, None],
+                document_causal_mask(documents),
+            )
+        tables = rotary_tables(positions, self.shape.channels_per_head, self.shape.rope_theta)
         x = self.model.embed_tokens(tokens)
         for layer in self.model.layers:
-            x = layer(x, tables)
+            x = layer(x, tables, mask)
         x = self.model.norm(x)
         if self.lm_head is None:
             return F.linear(x, self.model.embed_tokens.weight)

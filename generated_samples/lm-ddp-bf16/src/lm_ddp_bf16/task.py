@@ -2,8 +2,9 @@
 weights of an optimizer step's micro-batches, and the throughput line of the run summary
 (tokens/s and model FLOPs utilisation).
 
-A target equal to `IGNORE_INDEX` (padding of variable-length data) counts for nothing: not in
-the loss, its gradient, nor the metrics. The bundled corpus has none."""
+A target equal to `IGNORE_INDEX` (padding, and the tokens of chat and instruction examples that
+are not trained: corpus/examples.py) counts for nothing: not in the loss, its gradient, nor the
+metrics. The bundled corpus has none."""
 
 from __future__ import annotations
 
@@ -15,12 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .corpus import MANIFEST, manifest_at
+from .corpus import IGNORE_INDEX, MANIFEST, ExampleRows, manifest_at
 from .data import NUM_CLASSES
 from .engine.mfu import model_flops_utilization
 from .runtime import Runtime, all_reduce_sum
 
-IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index
 EXPECTED_INITIAL_LOSS = math.log(NUM_CLASSES)  # a uniform prediction's cross-entropy
 # The validation metrics `validation_metrics` returns, and the direction in which each improves: the
 # names `monitor` may take, and those the log, the plot and the summary show.
@@ -102,12 +102,33 @@ def throughput(summary: dict[str, Any]) -> dict[str, float | None]:
     tokens_per_step = summary["global_batch_size"] * block_size
     trained = summary["steps"] * tokens_per_step
     corpus = corpus_train_tokens(summary["config"]["data_dir"])
-    return rates | {
-        "tokens_per_step": tokens_per_step,
-        "tokens_trained": trained,
-        "tokens_per_parameter": trained / summary["parameters"],
-        "corpus_train_tokens": corpus,
-        "epochs_over_corpus": trained / corpus if corpus else None,
+    return (
+        rates
+        | example_padding(summary["config"])
+        | {
+            "tokens_per_step": tokens_per_step,
+            "tokens_trained": trained,
+            "tokens_per_parameter": trained / summary["parameters"],
+            "corpus_train_tokens": corpus,
+            "epochs_over_corpus": trained / corpus if corpus else None,
+        }
+    )
+
+
+def example_padding(config: dict[str, Any]) -> dict[str, float]:
+    """For chat and instruction examples (none for text), the share of the training rows'
+    positions that is padding one example a row (`padding_unpacked`) and packed
+    (`padding_packed`): what packing saves."""
+    data_dir = Path(config["data_dir"])
+    manifest = manifest_at(data_dir / MANIFEST)
+    if manifest is None or manifest.kind == "text":
+        return {}
+    rows = ExampleRows(
+        data_dir, manifest.shards["train"], manifest.dtype, config["block_size"], False, 0
+    )
+    return {
+        "padding_unpacked": rows.padding_share(False),
+        "padding_packed": rows.padding_share(True),
     }
 
 
@@ -129,8 +150,15 @@ def describe_throughput(summary: dict[str, Any]) -> str:
         return line
     epochs = summary["epochs_over_corpus"]
     corpus = "" if epochs is None else f", {epochs:.3g} epochs over the corpus"
+    padding = ""
+    if "padding_packed" in summary:
+        packed = "packed" if summary["config"]["pack"] else "packing would leave"
+        padding = (
+            f"; padding {summary['padding_unpacked']:.1%} of positions one example a row, "
+            f"{summary['padding_packed']:.1%} {packed}"
+        )
     return (
         f"{line}; data: {summary['tokens_per_step']:,} tokens per step, "
         f"{summary['tokens_trained']:,} trained ({summary['tokens_per_parameter']:.3g} per "
-        f"parameter{corpus})"
+        f"parameter{corpus}){padding}"
     )

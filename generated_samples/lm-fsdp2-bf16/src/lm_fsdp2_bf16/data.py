@@ -7,7 +7,9 @@ rest of the project needs from it (`train.py` imports nothing else from here):
 
 - `build_datasets(config) -> (train, validation)`: two map-style datasets with `len()` where
   `dataset[list_of_indices]` returns a whole batch `(inputs, targets)`, both int64 token ids
-  `[B, block_size]` in `[0, NUM_CLASSES)`, targets the inputs shifted left by one token.
+  `[B, block_size]` in `[0, NUM_CLASSES)`, targets the inputs shifted left by one token
+  (IGNORE_INDEX where a token is not trained). `inputs` may be a tuple of tensors, the model's
+  arguments: packed chat examples are `(tokens, documents)` (corpus/examples.py).
 - `NUM_CLASSES`: the model's vocabulary size (the initial loss is ln of it); at least the
   prepared corpus's (its tokenizer's vocabulary); more is padding, never a target. scaffold's
   planner chose it with the tokenizer (`scaffold plan` says why).
@@ -21,8 +23,18 @@ import warnings
 from pathlib import Path
 
 from .config import Config, parse_param_count
-from .corpus import MANIFEST, Options, TokenWindows, manifest_at, prepare, read_manifest
+from .corpus import (
+    MANIFEST,
+    ExampleRows,
+    Options,
+    TokenWindows,
+    manifest_at,
+    prepare,
+    read_manifest,
+)
 
+# What a prepared corpus is read as: windows of its text, or its chat or instruction examples.
+Dataset = TokenWindows | ExampleRows
 NUM_CLASSES = 257  # the vocabulary: 256 byte values and end-of-text (tokenizer = "bytes")
 # The example cuts the stdlib's files into documents of at most 4 KiB at line breaks: enough
 # documents in a small corpus for validation to be `val_fraction` of them.
@@ -88,8 +100,9 @@ def warn_of_repeats(config: Config, train_tokens: int) -> None:
         )
 
 
-def build_datasets(config: Config) -> tuple[TokenWindows, TokenWindows]:
-    """The prepared corpus's train and validation windows of `block_size` tokens.
+def build_datasets(config: Config) -> tuple[Dataset, Dataset]:
+    """The prepared corpus's train and validation windows of `block_size` tokens, or for chat
+    and instruction examples their rows (`pack`: several examples a row).
 
     Raises:
         ValueError: no prepared corpus in `data_dir` (the message gives the prepare command),
@@ -106,10 +119,23 @@ def build_datasets(config: Config) -> tuple[TokenWindows, TokenWindows]:
             f"{data_dir}'s tokenizer has {manifest.vocab_size} tokens and the model "
             f"{NUM_CLASSES} (NUM_CLASSES in data.py); set NUM_CLASSES = {manifest.vocab_size}"
         )
-    train, val = (
-        TokenWindows(data_dir, manifest.shards[split], manifest.dtype, config.block_size)
-        for split in ("train", "val")
-    )
+    if manifest.kind == "text":
+        train, val = (
+            TokenWindows(data_dir, manifest.shards[split], manifest.dtype, config.block_size)
+            for split in ("train", "val")
+        )
+    else:  # chat or instruction examples, each row one of them or packed
+        train, val = (
+            ExampleRows(
+                data_dir,
+                manifest.shards[split],
+                manifest.dtype,
+                config.block_size,
+                config.pack,
+                manifest.eot_id,
+            )
+            for split in ("train", "val")
+        )
     warn_of_repeats(config, manifest.tokens("train"))
     if not len(train) or not len(val):
         raise ValueError(

@@ -38,6 +38,7 @@ class TaskConfig:
     val_fraction: float = 0.1
     corpus_bytes: int = 300_000
     block_size: int = 64
+    pack: bool = True
     model_family: str = "llama"
     init_from: str = ""
     dropout: float = 0.0
@@ -54,6 +55,7 @@ class TaskConfig:
         "init_from",
         "data_dir",
         "block_size",
+        "pack",
         "max_tokens",
         "data_fingerprint",
     )

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from .config import Config, command_parser, load_config, user_errors
+from .corpus.chat import FORMATS
 from .corpus.pipeline import DOCUMENT_BYTES, Options, plural, prepare, stop_on_sigterm
 from .corpus.shards import BYTE_VOCABULARY, SPLITS, TOKENIZER_FILE, Manifest
 from .data import NUM_CLASSES
@@ -46,6 +47,20 @@ def main(argv: list[str] | None = None) -> Manifest:
     parser.add_argument("--tokenizer-sample-bytes", type=int, help="text a bpe is trained on")
     parser.add_argument("--skip-bad-files", action="store_true", help="leave out unreadable files")
     parser.add_argument("--skip-bad-records", action="store_true", help="and records with no text")
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="text",
+        help="text (documents), chat (jsonl/parquet `messages`) or completion (`prompt`, "
+        "`completion`): examples trained on their replies or completions only",
+    )
+    parser.add_argument("--chat-template", help="a .jinja file (default: the tokenizer's own)")
+    parser.add_argument(
+        "--max-example-tokens", type=int, help="an example's most tokens (default: block_size)"
+    )
+    parser.add_argument(
+        "--too-long", choices=("drop", "truncate"), default="drop", help="a longer example"
+    )
     args = parser.parse_args(argv)
     # The model's vocabulary where it is a BPE's; a byte-level model's is no BPE to train.
     vocab_size = args.vocab_size or (NUM_CLASSES if NUM_CLASSES > BYTE_VOCABULARY else 8192)
@@ -72,6 +87,10 @@ def main(argv: list[str] | None = None) -> Manifest:
             shard_tokens=args.shard_tokens,
             skip_bad_files=args.skip_bad_files,
             skip_bad_records=args.skip_bad_records,
+            format=args.format,
+            chat_template=args.chat_template,
+            max_example_tokens=args.max_example_tokens or config.block_size,
+            too_long=args.too_long,
         )
         started = time.perf_counter()
         previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
@@ -92,9 +111,10 @@ def main(argv: list[str] | None = None) -> Manifest:
     seconds = time.perf_counter() - started
     train, val = (manifest.tokens(split) for split in SPLITS)
     share = val / (train + val)
+    unit = "document" if manifest.kind == "text" else f"{manifest.kind} example"
     print(
         f"{out}: {train:,} train and {val:,} validation tokens ({share:.1%}; "
-        f"{manifest.documents['val']:,} of {plural(sum(manifest.documents.values()), 'document')}"
+        f"{manifest.documents['val']:,} of {plural(sum(manifest.documents.values()), unit)}"
         f"), {manifest.tokenizer} tokenizer, {manifest.dtype}, in {seconds:.1f} s"
     )
     print(vocabulary_advice(manifest.vocab_size, NUM_CLASSES, config))

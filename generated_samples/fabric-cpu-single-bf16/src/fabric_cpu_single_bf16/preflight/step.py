@@ -15,6 +15,7 @@ import torch
 from ..checkpoint.store import find_latest
 from ..config import Config
 from ..engine.strategy import Engine
+from ..loader import model_inputs
 from ..runtime import Runtime
 from ..task import loss_fn
 from ..train import Trainer, train_step
@@ -40,10 +41,11 @@ def _synchronize(runtime: Runtime) -> None:
 
 def probe_loss(engine: Engine, batch: Any) -> float:
     """The loss of `batch` under the current weights, in eval mode (no dropout)."""
-    inputs, targets = (tensor.to(engine.runtime.device) for tensor in batch[:2])
+    inputs = model_inputs(batch[0], engine.runtime.device)
+    targets = batch[1].to(engine.runtime.device)
     engine.module.eval()
     with engine.inference(), engine.autocast():
-        loss = loss_fn(engine.module(inputs), targets).float().item()
+        loss = loss_fn(engine.module(*inputs), targets).float().item()
     engine.module.train()
     return loss
 

@@ -49,7 +49,9 @@ import numpy as np
 from tqdm import tqdm
 
 from ..state_io import FULL_DISK, atomic_write_text
+from .chat import FORMATS
 from .documents import check_encoding
+from .examples import chat_template_file, write_examples
 from .jobs import Job, Settings, Workers, encode_job, make_jobs, part_file, train_bpe
 from .shards import (
     BYTE_VOCABULARY,
@@ -80,7 +82,10 @@ class Options:
     `val_fraction` of documents held out, the `document_bytes` a text file is cut at,
     `max_bytes` of sources read (None: all), the `shard_tokens` of a shard, and whether files
     and records that cannot be read are left out (`skip_bad_files`, `skip_bad_records`)
-    rather than refused."""
+    rather than refused. For chat and instruction records (`format` "chat" or "completion",
+    examples.py): the `chat_template` file (None: the tokenizer's own), the
+    `max_example_tokens` of an example and what becomes of a longer one (`too_long`: "drop"
+    or "truncate")."""
 
     tokenizer: str = "bytes"
     vocab_size: int = 8192
@@ -94,6 +99,10 @@ class Options:
     shard_tokens: int = 1 << 27
     skip_bad_files: bool = False
     skip_bad_records: bool = False
+    format: str = "text"
+    chat_template: str | None = None
+    max_example_tokens: int = 2048
+    too_long: str = "drop"
 
     def check(self) -> None:
         """Raises ValueError: a setting outside its range, an unknown encoding, a tokenizer
@@ -111,12 +120,35 @@ class Options:
                 f"needs {BYTE_VOCABULARY}"
             )
         check_encoding(self.encoding)
+        self.check_examples()
         if self.tokenizer not in ("bytes", "bpe"):
             if not Path(self.tokenizer).is_file():
                 raise ValueError(
                     f"tokenizer {self.tokenizer}: no such file; name bytes, bpe or a file"
                 )
             Codec(Path(self.tokenizer), self.eot)  # its errors name the user's file, not our copy
+
+    def check_examples(self) -> None:
+        """Raises ValueError: an unknown format or too_long, a max_example_tokens below 2, a
+        chat template that is no file, or records to be encoded by a BPE prepare would train
+        (a model that follows a template knows its tokenizer already)."""
+        if self.format not in FORMATS:
+            raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {self.format!r}")
+        if self.format == "text":
+            return
+        if self.too_long not in ("drop", "truncate"):
+            raise ValueError(f"--too-long must be drop or truncate, got {self.too_long!r}")
+        if self.max_example_tokens < 2:
+            raise ValueError(
+                f"--max-example-tokens must be at least 2, got {self.max_example_tokens}"
+            )
+        if self.tokenizer == "bpe":
+            raise ValueError(
+                f"--format {self.format} encodes with the model's own tokenizer; pass --tokenizer "
+                "with its tokenizer.json (a model started from init_from has one), or bytes"
+            )
+        if self.chat_template and not Path(self.chat_template).is_file():
+            raise ValueError(f"--chat-template {self.chat_template}: no such file")
 
 
 def prepare(
@@ -155,6 +187,9 @@ def prepare(
         **dataclasses.asdict(options),
         "tokenizer_sha256": file_sha256(Path(options.tokenizer)) if named else None,
     }
+    if options.format != "text":  # the template decides what is trained
+        template = chat_template_file(options)
+        request["chat_template_sha256"] = file_sha256(template) if template else None
     existing = up_to_date(out, request)
     if existing is not None:
         with locked(out.parent, wait=True):
@@ -165,8 +200,12 @@ def prepare(
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         with scratch_folder(out) as scratch, Workers(workers) as pool:
-            phases = Phases(sources, options, scratch, pool, progress, say)
-            manifest = phases.write_corpus(budgets, request)
+            if options.format == "text":
+                phases = Phases(sources, options, scratch, pool, progress, say)
+                manifest = phases.write_corpus(budgets, request)
+            else:
+                manifest = write_examples(sources.files, options, scratch, request, progress, say)
+                atomic_write_text(manifest.to_json(), scratch / MANIFEST)  # last: complete
             replace_folder(scratch, out)
     except BaseException as error:
         full = isinstance(error, OSError) and error.errno in FULL_DISK

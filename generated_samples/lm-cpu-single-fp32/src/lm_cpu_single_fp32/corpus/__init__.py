@@ -4,6 +4,7 @@ manifest (`shards.py`), by `prepare` (`pipeline.py`), which `python -m <package>
 runs."""
 
 from .documents import PIECE_CHARS, Span, read_pieces, text_layout
+from .examples import IGNORE_INDEX, ExampleRows
 from .pipeline import Options, prepare
 from .shards import (
     MANIFEST,
@@ -21,6 +22,8 @@ from .sources import find_sources
 
 __all__ = [
     "Codec",
+    "ExampleRows",
+    "IGNORE_INDEX",
     "MANIFEST",
     "Manifest",
     "Options",

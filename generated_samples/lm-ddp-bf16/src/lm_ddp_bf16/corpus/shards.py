@@ -45,11 +45,35 @@ KNOWN_EOT = (END_OF_TEXT, "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>")
 @dataclass(frozen=True)
 class Shard:
     """One token shard: `file` (in the corpus folder) holds `tokens` ids of the manifest's
-    dtype, flat, documents each followed by the end-of-text id; `sha256` of its bytes."""
+    dtype, flat, documents each followed by the end-of-text id; `sha256` of its bytes.
+
+    A shard of examples (chat or instruction records: the manifest's `kind`) holds them one
+    after another, with nothing between them, and two files beside it: `mask_file`, a uint8
+    per token (1: trained), and `starts_file`, int64 `[examples + 1]`: where each example
+    starts in the shard, then the shard's end."""
 
     file: str
     tokens: int
     sha256: str
+    mask_file: str = ""
+    mask_sha256: str = ""
+    starts_file: str = ""
+    starts_sha256: str = ""
+    examples: int = 0
+
+    def files(self) -> dict[str, str]:
+        """Each file of the shard, by name: its SHA-256."""
+        named = {self.file: self.sha256}
+        if self.mask_file:
+            named |= {self.mask_file: self.mask_sha256, self.starts_file: self.starts_sha256}
+        return named
+
+    def expected_bytes(self, itemsize: int) -> dict[str, int]:
+        """Each file's size in bytes, the token file's ids being `itemsize` bytes each."""
+        sizes = {self.file: self.tokens * itemsize}
+        if self.mask_file:
+            sizes |= {self.mask_file: self.tokens, self.starts_file: 8 * (self.examples + 1)}
+        return sizes
 
 
 @dataclass(frozen=True)
@@ -73,6 +97,8 @@ class Manifest:
     sources: tuple[dict[str, Any], ...] = ()
     skipped: dict[str, Any] = dataclasses.field(default_factory=dict)
     tokenizer_sha256: str = ""
+    kind: str = "text"  # text (documents), chat or completion (examples with loss masks)
+    longest_example: int = 0  # tokens of the longest example (examples only)
     format: int = FORMAT
 
     def tokens(self, split: str) -> int:
@@ -88,6 +114,11 @@ class Manifest:
             "dtype": self.dtype,
             "shards": {split: [shard.sha256 for shard in self.shards[split]] for split in SPLITS},
         }
+        if self.kind != "text":  # what is trained of each example is part of the data
+            content["files"] = {
+                split: [list(shard.files().values()) for shard in self.shards[split]]
+                for split in SPLITS
+            }
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
     def to_json(self) -> str:
@@ -175,15 +206,17 @@ def read_manifest(data_dir: Path, prepare_hint: str) -> Manifest:
     itemsize = np.dtype(DTYPES[manifest.dtype]).itemsize
     for split in SPLITS:
         for shard in manifest.shards[split]:
-            file = data_dir / shard.file
-            if not file.is_file():
-                raise ValueError(f"{file} is missing; {prepare_hint}")
-            stat = file.stat()
-            changed = stat.st_size != shard.tokens * itemsize
-            if not changed and stat.st_mtime_ns > written:
-                changed = file_sha256(file) != shard.sha256
-            if changed:
-                raise ValueError(f"{file} changed after prepare (checksum); {prepare_hint}")
+            sizes, checksums = shard.expected_bytes(itemsize), shard.files()
+            for name, size in sizes.items():
+                file = data_dir / name
+                if not file.is_file():
+                    raise ValueError(f"{file} is missing; {prepare_hint}")
+                stat = file.stat()
+                changed = stat.st_size != size
+                if not changed and stat.st_mtime_ns > written:
+                    changed = file_sha256(file) != checksums[name]
+                if changed:
+                    raise ValueError(f"{file} changed after prepare (checksum); {prepare_hint}")
     return manifest
 
 
@@ -244,6 +277,16 @@ class Codec:
             return [list(text.encode("utf-8")) for text in texts]
         encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
         return [encoding.ids for encoding in encodings]
+
+    def encode_with_ends(self, text: str) -> tuple[list[int], list[int]]:
+        """The token ids of `text` (no end-of-text added) and where each token ends in it, in
+        characters (a byte token ends with the character its byte belongs to)."""
+        if self.tokenizer is None:
+            ids = list(text.encode("utf-8"))
+            ends = [end for end, char in enumerate(text, 1) for _ in char.encode("utf-8")]
+            return ids, ends
+        encoding = self.tokenizer.encode(text, add_special_tokens=False)
+        return encoding.ids, [end for _, end in encoding.offsets]
 
     def decode(self, ids: list[int]) -> str:
         """The text of token ids; an end-of-text id becomes a blank line."""

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 from ..engine.strategy import Engine
-from ..loader.dataloaders import padded_batches
+from ..loader.dataloaders import model_inputs, padded_batches
 from ..runtime import all_reduce_sum
 from ..task import SUMS, eval_sums, validation_metrics
 
@@ -26,7 +26,7 @@ def evaluate(
         for inputs, targets, counted in padded_batches(loader, engine.runtime, max_batches):
             between_batches()
             with engine.autocast():
-                logits = engine.module(inputs.to(sums.device))
+                logits = engine.module(*model_inputs(inputs, sums.device))
             if counted:
                 sums += eval_sums(logits, targets.to(sums.device))
     engine.module.train()

@@ -21,6 +21,13 @@ from ..runtime import STOP_SIGNALS, WORKER_CONTEXT, Runtime
 from .samplers import eval_sampler, most_eval_batches, set_sampler_epoch, train_sampler
 
 
+def model_inputs(inputs: Tensor | tuple[Tensor, ...], device: torch.device) -> tuple[Tensor, ...]:
+    """A batch's inputs as the model's positional arguments, on `device`: a tensor is the one
+    argument; a tuple (a dataset whose model takes several inputs) gives one each."""
+    parts = inputs if isinstance(inputs, tuple | list) else (inputs,)
+    return tuple(part.to(device, non_blocking=True) for part in parts)
+
+
 def seed_worker(worker_id: int) -> None:
     """`worker_init_fn`: seed numpy and `random` from this worker's torch seed.
 

@@ -1,0 +1,372 @@
+"""Chat and instruction data: records prepared into example shards with loss masks
+(`write_examples`, which `prepare` runs for `--format chat` or `completion`), read as rows of
+`block_size` tokens (`ExampleRows`), one example a row or packed several to a row.
+
+An example is trained as a whole or not at all: prepare drops (or, with `--too-long truncate`,
+cuts) one longer than `--max-example-tokens` (the config's block_size), and counts it in the
+manifest. Which records are held out for validation is `is_validation`'s, per source and record
+number, as for text.
+
+A row's targets are its inputs shifted left by one token within each example; a target is
+IGNORE_INDEX where its token is not trained (the prompt, a user's turn, the system message),
+after an example's last token, and on padding. Packed, a row holds consecutive examples in the
+prepared order (greedily: the next example starts a new row when it does not fit), and comes
+with its `documents` (packing.py), so that no example attends to another.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from tqdm import tqdm
+
+from .chat import ChatTemplate, encode_example, read_records, template_beside
+from .documents import BadRecord, is_validation
+from .shards import CHUNK_BYTES, DTYPES, SPLITS, TOKENIZER_FILE, Codec, Manifest, Shard, file_sha256
+
+if TYPE_CHECKING:
+    import torch
+
+    from .pipeline import Options
+
+IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index: a target that counts for nothing
+NAMED = 5  # bad records named in a message
+
+
+def chat_template_file(options: Options) -> Path | None:
+    """The file the chat template comes from: `--chat-template`, else the one beside the
+    tokenizer.json; None for completion records, which need none.
+
+    Raises:
+        ValueError: chat records, and no template given or beside the tokenizer.
+    """
+    if options.format != "chat":
+        return None
+    if options.chat_template:
+        return Path(options.chat_template)
+    beside = (
+        None if options.tokenizer in ("bytes", "bpe") else template_beside(Path(options.tokenizer))
+    )
+    if beside is None:
+        raise ValueError(
+            f"--format chat renders conversations with the tokenizer's chat template, and "
+            f"{options.tokenizer} has none (no chat_template in a tokenizer_config.json or "
+            "chat_template.jinja beside it); give one with --chat-template FILE"
+        )
+    return beside
+
+
+class ShardWriter:
+    """Writes one split's examples into shards of at most `shard_tokens` tokens (an example is
+    never split; one longer than that fills a shard of its own), each with its mask and starts
+    files (Shard), fsynced when closed. It holds at most CHUNK_BYTES of tokens before it
+    appends them to the files."""
+
+    def __init__(self, folder: Path, split: str, dtype: str, shard_tokens: int):
+        self.folder, self.split, self.dtype, self.shard_tokens = folder, split, dtype, shard_tokens
+        self.shards: list[Shard] = []
+        self.paths: dict[str, Path] = {}
+        self.pending: dict[str, list[bytes]] = {"tokens": [], "mask": []}
+        self.pending_bytes = 0
+        self.starts: list[int] = []
+
+    def add(self, ids: np.ndarray, mask: np.ndarray) -> None:
+        """Append one example: int64 token ids and their uint8 mask, of the same length."""
+        if self.starts and self.starts[-1] + len(ids) > self.shard_tokens:
+            self.close_shard()
+        if not self.paths:
+            stem = f"{self.split}-{len(self.shards):05d}"
+            names = {"tokens": f"{stem}.bin", "mask": f"{stem}.mask.bin"}
+            self.paths = {role: self.folder / name for role, name in names.items()}
+            self.paths["starts"] = self.folder / f"{stem}.starts.bin"
+            self.starts = [0]
+        self.pending["tokens"].append(ids.astype(DTYPES[self.dtype]).tobytes())
+        self.pending["mask"].append(mask.astype(np.uint8).tobytes())
+        self.pending_bytes += len(self.pending["tokens"][-1])
+        self.starts.append(self.starts[-1] + len(ids))
+        if self.pending_bytes >= CHUNK_BYTES:
+            self.write_pending()
+
+    def write_pending(self, sync: bool = False) -> None:
+        """Append the examples held to the shard's files (`sync`: and fsync them)."""
+        for role, pieces in self.pending.items():
+            with open(self.paths[role], "ab") as file:
+                file.write(b"".join(pieces))
+                if sync:
+                    file.flush()
+                    os.fsync(file.fileno())
+            pieces.clear()
+        self.pending_bytes = 0
+
+    def close_shard(self) -> None:
+        """Finish the shard being written (if any): its files written whole and fsynced."""
+        if not self.paths:
+            return
+        self.write_pending(sync=True)
+        with open(self.paths["starts"], "wb") as file:
+            file.write(np.asarray(self.starts, dtype=np.int64).tobytes())
+            file.flush()
+            os.fsync(file.fileno())
+        paths, self.paths = self.paths, {}
+        self.shards.append(
+            Shard(
+                paths["tokens"].name,
+                self.starts[-1],
+                file_sha256(paths["tokens"]),
+                mask_file=paths["mask"].name,
+                mask_sha256=file_sha256(paths["mask"]),
+                starts_file=paths["starts"].name,
+                starts_sha256=file_sha256(paths["starts"]),
+                examples=len(self.starts) - 1,
+            )
+        )
+
+    def finish(self) -> tuple[Shard, ...]:
+        """Close the last shard; the split's shards."""
+        self.close_shard()
+        return tuple(self.shards)
+
+
+def write_examples(
+    files: tuple[Path, ...],
+    options: Options,
+    scratch: Path,
+    request: dict[str, Any],
+    progress: bool,
+    say: Callable[[str], None],
+) -> Manifest:
+    """Read every record of `files`, render and encode it, and write the example shards and
+    their manifest into `scratch` (the manifest last); return the manifest.
+
+    Raises:
+        ValueError: a record that is not of `options.format` (unless `skip_bad_records`), chat
+            records without a chat template, one the template refuses, or a split without an
+            example.
+    """
+    started = time.perf_counter()
+    tokenizer_file = None
+    if options.tokenizer != "bytes":
+        tokenizer_file = scratch / TOKENIZER_FILE
+        shutil.copyfile(options.tokenizer, tokenizer_file)
+    codec = Codec(tokenizer_file, options.eot)
+    template_file = chat_template_file(options)
+    template = ChatTemplate.load(template_file) if template_file else None
+    dtype = "uint16" if codec.vocab_size <= 2**16 else "uint32"
+    writers = {split: ShardWriter(scratch, split, dtype, options.shard_tokens) for split in SPLITS}
+    counts: Counter[str] = Counter()
+    bad: list[str] = []
+    longest, sources = 0, []
+    with tqdm(desc="examples", unit=" records", disable=not progress) as bar:
+        for path in files:
+            examples = 0
+            for number, record in read_records(path, options.format):
+                bar.update()
+                if isinstance(record, BadRecord):
+                    bad.append(f"{path}:{number + 1}: {record.reason}")
+                    if not options.skip_bad_records:
+                        raise ValueError(f"{bad[0]}; fix it, or pass --skip-bad-records")
+                    continue
+                try:
+                    ids, mask = encode_example(record, options.format, codec, template)
+                except ValueError as error:
+                    raise ValueError(f"{path}:{number + 1}: {error}") from None
+                if len(ids) > options.max_example_tokens:
+                    if options.too_long == "drop":
+                        counts["dropped_too_long"] += 1
+                        continue
+                    ids, mask = (
+                        ids[: options.max_example_tokens],
+                        mask[: options.max_example_tokens],
+                    )
+                    counts["truncated"] += 1
+                if not mask[1:].any():  # the first token is never a target
+                    counts["dropped_nothing_trained"] += 1
+                    continue
+                split = "val" if is_validation(path, number, options.val_fraction) else "train"
+                writers[split].add(ids, mask)
+                counts[f"{split}_examples"] += 1
+                counts["trained_tokens"] += int(mask[1:].sum())
+                longest, examples = max(longest, len(ids)), examples + 1
+            sources.append({"path": str(path), "bytes": path.stat().st_size, "examples": examples})
+    shards = {split: writer.finish() for split, writer in writers.items()}
+    check_examples(counts, options)
+    manifest = Manifest(
+        tokenizer="bytes" if tokenizer_file is None else "file",
+        vocab_size=codec.vocab_size,
+        eot_id=codec.eot_id,
+        dtype=dtype,
+        shards=shards,
+        documents={split: counts[f"{split}_examples"] for split in SPLITS},
+        source_bytes=sum(source["bytes"] for source in sources),
+        request=request,
+        sources=tuple(sources),
+        skipped={
+            "records": len(bad),
+            "first_records": bad[:NAMED],
+            "dropped_too_long": counts["dropped_too_long"],
+            "truncated": counts["truncated"],
+            "dropped_nothing_trained": counts["dropped_nothing_trained"],
+        },
+        tokenizer_sha256=file_sha256(tokenizer_file) if tokenizer_file else "",
+        kind=options.format,
+        longest_example=longest,
+    )
+    tokens = sum(manifest.tokens(split) for split in SPLITS)
+    say(
+        f"encoded {sum(manifest.documents.values()):,} examples, {tokens:,} tokens "
+        f"({counts['trained_tokens'] / max(tokens, 1):.1%} trained), in "
+        f"{time.perf_counter() - started:.1f} s; {describe_left_out(manifest)}"
+    )
+    return manifest
+
+
+def check_examples(counts: Counter[str], options: Options) -> None:
+    """Refuse prepared examples with none in a split, saying what to change.
+
+    Raises:
+        ValueError: no training or no validation example.
+    """
+    left = counts["train_examples"] + counts["val_examples"]
+    too_long = counts["dropped_too_long"]
+    if not left:
+        hint = (
+            f"; {too_long:,} were longer than --max-example-tokens {options.max_example_tokens}: "
+            "raise it (and block_size) or pass --too-long truncate"
+            if too_long
+            else ""
+        )
+        raise ValueError(f"no example is left to train on{hint}")
+    for split, name in (("train", "training"), ("val", "validation")):
+        if not counts[f"{split}_examples"]:
+            raise ValueError(
+                f"no {name} example among {left:,} at --val-fraction {options.val_fraction:g}: "
+                "add records or change --val-fraction"
+            )
+
+
+def describe_left_out(manifest: Manifest) -> str:
+    """What prepare left out of the examples, in words ("nothing left out" if nothing)."""
+    skipped = manifest.skipped
+    parts = [
+        f"{skipped.get(key, 0):,} {what}"
+        for key, what in (
+            ("records", "bad record(s) skipped"),
+            ("dropped_too_long", "too long, dropped"),
+            ("truncated", "too long, truncated"),
+            ("dropped_nothing_trained", "with no trained token left, dropped"),
+        )
+        if skipped.get(key)
+    ]
+    return "; ".join(parts) or "nothing left out"
+
+
+class ExampleRows:
+    """The examples of one split as rows of `block_size` tokens, read from memory-mapped shards
+    (module docstring): `dataset[indices]` (a list of ints) returns `(inputs, targets)`, both
+    int64 `[B, block_size]`, or with `pack`, `((inputs, documents), targets)`, `documents`
+    int64 `[B, block_size]` (packing.py). Padding is `pad_id` in the inputs, IGNORE_INDEX in the
+    targets.
+
+    Raises:
+        ValueError: an example longer than `block_size` (prepare it again with
+            --max-example-tokens at most block_size).
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        shards: tuple[Shard, ...],
+        dtype: str,
+        block_size: int,
+        pack: bool,
+        pad_id: int,
+    ):
+        self.data_dir, self.shards, self.dtype = data_dir, shards, DTYPES[dtype]
+        self.block_size, self.pack, self.pad_id = block_size, pack, pad_id
+        per_shard = [np.fromfile(data_dir / shard.starts_file, dtype=np.int64) for shard in shards]
+        self.shard_of = np.concatenate(
+            [np.full(len(s) - 1, i, dtype=np.int64) for i, s in enumerate(per_shard)] or [[]]
+        ).astype(np.int64)
+        self.start = np.concatenate([s[:-1] for s in per_shard] or [[]]).astype(np.int64)
+        self.length = np.concatenate([np.diff(s) for s in per_shard] or [[]]).astype(np.int64)
+        if len(self.length) and self.length.max() > block_size:
+            raise ValueError(
+                f"{data_dir} holds examples of up to {self.length.max():,} tokens, longer than "
+                f"block_size={block_size}; prepare it again with --max-example-tokens "
+                f"{block_size}, or raise block_size"
+            )
+        self.row_first = (
+            packed_rows(self.length, block_size) if pack else np.arange(len(self.length) + 1)
+        )
+
+    def __len__(self) -> int:
+        return len(self.row_first) - 1
+
+    def padding_share(self, pack: bool | None = None) -> float:
+        """The share of the rows' positions that are padding, packed or (`pack=False`) one
+        example a row."""
+        pack = self.pack if pack is None else pack
+        rows = (
+            len(self)
+            if pack == self.pack
+            else (len(packed_rows(self.length, self.block_size)) - 1 if pack else len(self.length))
+        )
+        return 1 - float(self.length.sum()) / max(rows * self.block_size, 1)
+
+    def __getitem__(self, indices: list[int]) -> tuple[Any, torch.Tensor]:
+        """Raises IndexError: an index outside `[0, len(self))`."""
+        import torch  # here: the rest of this module serves prepare, which needs no torch
+
+        rows = np.asarray(indices, dtype=np.int64)
+        if rows.size and not 0 <= rows.min() <= rows.max() < len(self):
+            raise IndexError(f"rows {indices} are not all in [0, {len(self)})")
+        shape = (len(rows), self.block_size)
+        inputs = np.full(shape, self.pad_id, dtype=np.int64)
+        targets = np.full(shape, IGNORE_INDEX, dtype=np.int64)
+        documents = np.empty(shape, dtype=np.int64)
+        examples = [range(self.row_first[row], self.row_first[row + 1]) for row in rows]
+        needed = sorted({int(self.shard_of[e]) for row in examples for e in row})
+        for shard in needed:  # each shard mapped once per batch, unmapped before the next
+            tokens = np.memmap(self.data_dir / self.shards[shard].file, self.dtype, mode="r")
+            mask = np.memmap(self.data_dir / self.shards[shard].mask_file, np.uint8, mode="r")
+            for b, row in enumerate(examples):
+                at = 0
+                for number, example in enumerate(row):
+                    if self.shard_of[example] != shard:
+                        at += int(self.length[example])
+                        continue
+                    start, length = int(self.start[example]), int(self.length[example])
+                    ids = tokens[start : start + length].astype(np.int64)
+                    trained = mask[start + 1 : start + length].astype(bool)
+                    inputs[b, at : at + length] = ids
+                    targets[b, at : at + length - 1] = np.where(trained, ids[1:], IGNORE_INDEX)
+                    documents[b, at : at + length] = number
+                    at += length
+            del tokens, mask
+        for b, row in enumerate(examples):  # padding: one more document of its own
+            used = int(self.length[list(row)].sum()) if len(row) else 0
+            documents[b, used:] = len(row)
+        batch = torch.from_numpy(inputs), torch.from_numpy(targets)
+        if not self.pack:
+            return batch
+        return (batch[0], torch.from_numpy(documents)), batch[1]
+
+
+def packed_rows(lengths: np.ndarray, block_size: int) -> np.ndarray:
+    """Where each packed row starts, in examples, then the number of examples: int64
+    `[rows + 1]`. Rows take consecutive examples in order while they fit in `block_size`
+    tokens (each example is at most that long)."""
+    firsts, used = [0], 0
+    for index, length in enumerate(lengths.tolist()):
+        if used + length > block_size:
+            firsts.append(index)
+            used = 0
+        used += length
+    return np.asarray([*firsts, len(lengths)] if len(lengths) else [0], dtype=np.int64)
