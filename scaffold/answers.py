@@ -205,6 +205,7 @@ PROJECT_IMPORTS = frozenset(
         "transformers",  # the language model's tests: the reference loader
         "pyarrow",
         "jinja2",  # the language model's chat templates
+        "peft",  # the language model's LoRA adapters
         "zstandard",
         "pytest",
         "conftest",  # the project's tests/conftest.py

@@ -382,6 +382,7 @@ def _settings(answers: Answers, recipe: Recipe, chosen: Fit) -> dict[str, Settin
         settings["model_family"] = Setting(answers.model_family, family)
         start = "as answered: the engines load its weights" if answers.init_from else "scratch"
         settings["init_from"] = Setting(answers.init_from, start)
+        settings |= _finetune(answers)
     peak = f"~{gib(chosen.estimate.peak)} of {gib(usable)} GiB usable per device"
     if not usable:
         micro = f"the whole {per_process} {unit} per process (memory not given: not checked)"
@@ -520,6 +521,30 @@ def continued_training(recipe: Recipe, shape: HubDecoderShape) -> Recipe:
         warmup_steps=max(1, math.ceil(recipe.warmup_steps * CONTINUED_WARMUP_FRACTION)),
         notes=notes + recipe.notes,
     )
+
+
+# LoRA's rank and scale: rank 16 with alpha = 2 x rank on every attention and MLP projection, the
+# QLoRA recipe's setting for all linear layers (Dettmers et al. 2023, "QLoRA", §4 and Appendix
+# B.2: adapters on every linear layer match full fine-tuning where attention alone does not).
+LORA_RANK = 16
+LORA_ALPHA = 2 * LORA_RANK
+
+
+def _finetune(answers: Answers) -> dict[str, Setting]:
+    """How a language model trains its weights: all of them (the default), or LoRA adapters on
+    a model started from init_from (`finetune = "lora"` in configs/train.toml)."""
+    how = (
+        "full: every weight of the imported model trains; lora trains low-rank adapters only "
+        "(lora.py)"
+        if answers.init_from
+        else "full: a model from scratch trains every weight (lora needs init_from)"
+    )
+    qlora = "QLoRA's rank for adapters on every linear layer (Dettmers et al. 2023, App. B.2)"
+    return {
+        "finetune": Setting("full", how),
+        "lora_rank": Setting(LORA_RANK, qlora),
+        "lora_alpha": Setting(LORA_ALPHA, "2 x lora_rank: a scale alpha / rank of 2 (QLoRA's)"),
+    }
 
 
 def _warmup(recipe: Recipe, sequences_per_step: int) -> Setting:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from fabric_lm_fsdp2_fp32 import train as train_module
 from fabric_lm_fsdp2_fp32.checkpoint import find_latest, step_folder_name, step_folders
@@ -427,6 +427,36 @@ def test_each_rank_allocates_its_shards_of_a_300m_model_never_all_of_it(tmp_path
         assert facts["growth"] < 0.75 * facts["whole_fp32"], facts
 
 
+def llama_folder(folder: Path, shape: LlamaShape) -> Path:
+    """A model folder (config.json, model.safetensors) of a random Llama of `shape`."""
+    folder.mkdir()
+    save_file(Llama(shape).state_dict(), folder / "model.safetensors")
+    config_json = hub_config(Architecture("llama", "llama", shape))
+    (folder / "config.json").write_text(json.dumps(config_json))
+    return folder
+
+
+def test_a_lora_run_on_two_processes_resumes_bitwise(tmp_path, scratch):
+    """LoRA under this sharding strategy: frozen and trainable parameters in one shard unit,
+    checkpoints that hold the adapters (the base is init_from's), and a resume from the middle
+    of the run that ends bitwise where the straight run ends."""
+    folder = llama_folder(tmp_path / "model", LlamaShape(NUM_CLASSES, 64, 2, 4, 2, 96, 64))
+    lora = [f"init_from={folder}", "model_family=llama", "finetune=lora", "lora_rank=4"]
+    lora += ["max_steps=4", "val_every=2", "checkpoint_every=2", "lr=0.01", "warmup_steps=1"]
+    straight = tmp_path / "straight"
+    run_ranks(scratch, 2, *lora, f"run_dir='{straight.as_posix()}'")
+    resumed = copy_at_step(straight, tmp_path / "resumed", 2)
+    run_ranks(scratch, 2, *lora, f"run_dir='{resumed.as_posix()}'", "--resume")
+    expected, actual = exported_weights(straight), exported_weights(resumed)
+    assert expected.keys() == actual.keys()
+    for key, tensor in expected.items():
+        assert torch.equal(tensor, actual[key]), key
+    started = load_file(folder / "model.safetensors")
+    for key, tensor in expected.items():  # the frozen weights are the folder's
+        if ".lora_" not in key:
+            assert torch.equal(tensor, started[key.replace(".base_layer.", ".")]), key
+
+
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="reads Linux's /proc")
 def test_each_rank_imports_only_its_shards_of_a_model_folder(tmp_path, scratch):
     """`init_from` under a sharding strategy: each rank reads the folder's tensors one at a
@@ -434,13 +464,7 @@ def test_each_rank_imports_only_its_shards_of_a_model_folder(tmp_path, scratch):
     resident memory grows by its half of the model plus about one full tensor being read."""
     depth = 8  # ~90M parameters: 360 MB in fp32, its largest tensor 11.5 MB
     shape = LlamaShape(NUM_CLASSES, 1024, depth, 16, 4, 2816, max_positions=64)
-    model = Llama(shape)
-    folder = tmp_path / "model"
-    folder.mkdir()
-    save_file(model.state_dict(), folder / "model.safetensors")
-    config_json = hub_config(Architecture("llama", "llama", shape))
-    (folder / "config.json").write_text(json.dumps(config_json))
-    del model
+    folder = llama_folder(tmp_path / "model", shape)
     config = PROJECT_ROOT / "configs" / "train.toml"
     argv = ["--setup-only", str(config), str(tmp_path), *TEST_OVERRIDES]
     argv += [f"init_from={folder}", "model_family=llama"]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from peft import PeftModel
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
@@ -33,11 +34,19 @@ from lm_fsdp2_bf16.engine import build_on_meta, materialize
 from lm_fsdp2_bf16.export import main as export_main
 from lm_fsdp2_bf16.generate import load_trained
 from lm_fsdp2_bf16.hub import export_folder, read_architecture
+from lm_fsdp2_bf16.lora import adapter_state, base_name
 from lm_fsdp2_bf16.model import build_model, model_architecture
 from lm_fsdp2_bf16.train import main as train_main
 
 import launcher
-from conftest import PROJECT_ROOT, TEST_OVERRIDES, jinja, run_training, training_env
+from conftest import (
+    PROJECT_ROOT,
+    TEST_OVERRIDES,
+    exported_weights,
+    jinja,
+    run_training,
+    training_env,
+)
 
 # Tiny models of each architecture the families hold, at the project's vocabulary: grouped-query
 # attention with an untied head (Llama), q/k/v biases with tied embeddings (Qwen2), and GPT-2.
@@ -251,6 +260,64 @@ def copy_folder(source: Path, target: Path) -> Path:
     for path in source.iterdir():
         (target / path.name).write_bytes(path.read_bytes())
     return target
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+
+
+def test_a_lora_run_trains_its_adapters_only_resumes_bitwise_and_exports_for_peft(
+    hub_folders, tmp_path
+):
+    """finetune = lora on an imported Llama: the folder's weights stay as they are, the
+    adapters train, a resume ends bitwise where the straight run ends, the checkpoints hold
+    the adapters, and the export is PEFT's adapter, or the merged model transformers loads."""
+    folder = copy_folder(hub_folders["llama"][0], tmp_path / "model")
+    tokenizer = folder / "tokenizer.json"
+    lora = [f"init_from={folder}", "model_family=llama", f"tokenizer={tokenizer}"]
+    lora += ["finetune=lora", "lora_rank=4", f"data_dir={tmp_path / 'data'}", "max_steps=4"]
+    lora += ["lr=0.01", "warmup_steps=1", "val_every=2", "checkpoint_every=2"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run_training(*lora, f"run_dir={straight}")
+    run_training(*lora, f"run_dir={resumed}", "stop_after_steps=2")
+    run_training(*lora, f"run_dir={resumed}", "--resume")
+    trained, again = exported_weights(straight), exported_weights(resumed)
+    assert trained.keys() == again.keys()
+    assert all(torch.equal(trained[key], again[key]) for key in trained), "bitwise resume"
+    started = load_file(folder / "model.safetensors")
+    adapters = adapter_state(trained)
+    base = {base_name(key): value for key, value in trained.items() if key not in adapters}
+    assert base.keys() == started.keys()
+    assert all(torch.equal(base[key], started[key]) for key in base), "frozen weights"
+    assert all(t.abs().sum() > 0 for key, t in adapters.items() if "lora_B" in key), "trained"
+    step = sorted((straight / "checkpoints").glob("step-*"))[-1]  # adapters and their moments
+    assert folder_bytes(step) < (folder / "model.safetensors").stat().st_size
+
+    model, _ = load_trained(straight, "model-last.safetensors", torch.device("cpu"))
+    tokens = torch.randint(0, NUM_CLASSES, (2, 16))
+    with torch.no_grad():
+        expected = model.eval()(tokens)
+        last = ["--run-dir", str(straight), "--weights", "model-last.safetensors"]
+        export_main([str(tmp_path / "adapter"), *last])
+        onto = AutoModelForCausalLM.from_pretrained(folder)
+        peft_model = PeftModel.from_pretrained(onto, tmp_path / "adapter").eval()
+        torch.testing.assert_close(peft_model(tokens).logits, expected, rtol=1e-5, atol=1e-5)
+        export_main([str(tmp_path / "merged"), *last, "--merge"])
+        merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+        torch.testing.assert_close(merged(tokens).logits, expected, rtol=1e-5, atol=1e-5)
+    name = "model.layers.0.self_attn.q_proj"
+    a, b = adapters[f"{name}.lora_A.default.weight"], adapters[f"{name}.lora_B.default.weight"]
+    scale = load_config(PROJECT_ROOT / "configs" / "train.toml").lora_alpha / 4  # alpha / rank
+    folded = started[f"{name}.weight"] + scale * b @ a
+    torch.testing.assert_close(merged.state_dict()[f"{name}.weight"], folded, rtol=0, atol=1e-6)
+
+    changed = {key: value + 1e-3 for key, value in started.items()}  # another base: refused
+    save_file(changed, folder / "model.safetensors", metadata={"format": "pt"})
+    argv = [*TEST_OVERRIDES, *lora, f"run_dir={resumed}", "--resume"]
+    result = launcher.run(train_main, *argv, cwd=PROJECT_ROOT, env=training_env())
+    assert result.returncode != 0 and "not those the adapters trained on" in result.stderr
+    with pytest.raises(ValueError, match="finetune = lora adapts a Llama-family model"):
+        load_config(PROJECT_ROOT / "configs" / "train.toml", ["finetune=lora"])
 
 
 def test_bad_model_folders_are_refused_in_one_line(config, hub_folders, tmp_path):

@@ -11,6 +11,11 @@ transformers shards), generation_config.json and the run's tokenizer. Then
 
 load it with no custom code, and `vllm serve OUT` serves it. Runs on a CPU-only machine, in
 the memory of one shard (`--max-shard-size`, 2 GiB: safetensors writes a file whole).
+
+A LoRA run (`finetune = "lora"`) exports its adapters in PEFT's format (adapter_config.json,
+adapter_model.safetensors), which `PeftModel.from_pretrained(base, OUT)` loads onto the model
+`init_from` names; `--merge` writes the merged model instead, as above (it holds the whole
+model once).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import functools
 import tempfile
 from pathlib import Path
 
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from .checkpoint import WEIGHTS_FILE
 from .config import Config, command_parser, load_config, user_errors
@@ -28,7 +33,8 @@ from .corpus import TOKENIZER_FILE
 from .engine import Engine, build_on_meta
 from .generate import run_codec, run_config, run_weights
 from .hub import export_folder
-from .hub.export_folder import DEFAULT_SHARD_BYTES, TOKENIZER_CONFIG
+from .hub.export_folder import DEFAULT_SHARD_BYTES, TOKENIZER_CONFIG, export_dtype
+from .lora import adapter_state, base_name, merged_state, write_adapter
 from .model import model_architecture
 from .runtime import init_runtime, shutdown_runtime
 from .training import build_optimizer
@@ -86,6 +92,9 @@ def main(argv: list[str] | None = None) -> list[Path]:
         "--dtype", default="float32", help="the weights' dtype: float32, or a 16-bit one of torch"
     )
     parser.add_argument(
+        "--merge", action="store_true", help="a LoRA run: the merged model, not the adapters"
+    )
+    parser.add_argument(
         "--max-shard-size",
         default=f"{DEFAULT_SHARD_BYTES // 2**30}GiB",
         help="the largest weights file, e.g. 5GB or 500MB (default 2GiB): what the export holds",
@@ -105,11 +114,28 @@ def main(argv: list[str] | None = None) -> list[Path]:
             original = Path(config.init_from) / TOKENIZER_CONFIG
         if architecture.eos_token_id is None:
             architecture = dataclasses.replace(architecture, eos_token_id=codec.eot_id)
+        if args.merge and config.finetune != "lora":
+            raise ValueError(f"--merge folds LoRA adapters in, and {run_dir} trained every weight")
         with tempfile.TemporaryDirectory() as scratch:
             if args.checkpoint:
                 weights = checkpoint_weights(config, Path(args.checkpoint), Path(scratch) / "w")
             else:
                 weights = run_weights(run_dir, args.weights)
+            if config.finetune == "lora":
+                adapted = load_file(weights)
+                adapters = adapter_state(adapted)
+                if not args.merge:
+                    files = write_adapter(
+                        adapters, config, Path(args.out), export_dtype(args.dtype)
+                    )
+                    print(f"wrote {args.out}: {', '.join(path.name for path in files)}")
+                    return files
+                base = {
+                    base_name(key): value for key, value in adapted.items() if key not in adapters
+                }
+                merged = merged_state(base, adapters, config.lora_alpha, config.lora_rank)
+                weights = Path(scratch) / "merged.safetensors"
+                save_file(merged, weights)
             files = export_folder(
                 weights,
                 architecture,

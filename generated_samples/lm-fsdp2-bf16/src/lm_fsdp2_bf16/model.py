@@ -39,6 +39,7 @@ from .config import Config, parse_param_count
 from .data import NUM_CLASSES
 from .hub import Architecture, GPT2Shape, HubWeights, read_architecture
 from .llama import Llama, LlamaShape
+from .lora import add_adapters
 from .packing import document_causal_mask, document_positions
 
 # Published decoders' shapes: (name, nominal parameters, blocks, width, heads). A model_size equal
@@ -300,7 +301,8 @@ def build_model(config: Config) -> nn.Module:
     GPT-style one (Llama-style models train without dropout). With `init_from`, its
     `init_tensor` reads the folder's weights (`HubWeights`, which checks their names and shapes
     first): built on the meta device and materialised by the engine (engine/build.py), the
-    model starts from them, each process reading only what it keeps.
+    model starts from them, each process reading only what it keeps. With `finetune = "lora"`
+    they stay frozen and PEFT's LoRA adapters on `lora_targets` train (lora.py).
 
     Raises:
         ValueError: see `model_architecture` and `HubWeights`.
@@ -323,4 +325,6 @@ def build_model(config: Config) -> nn.Module:
         model.init_tensor = HubWeights(
             Path(config.init_from), architecture.family, model
         ).init_tensor
+    if config.finetune == "lora":  # frozen weights, low-rank adapters trained (lora.py)
+        model = add_adapters(model, config)
     return model

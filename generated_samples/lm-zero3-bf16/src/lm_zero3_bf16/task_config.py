@@ -4,7 +4,9 @@ and task.py: `config.Config` takes every field here, and configs/train.toml sets
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -19,6 +21,7 @@ from .corpus import (
 )
 
 MODEL_FAMILIES = ("gpt2", "llama")  # model.py's ByteGPT and llama.py's Llama
+FINETUNES = ("full", "lora")  # every weight trains, or LoRA adapters only (lora.py)
 
 # How a task's data changed since a checkpoint, in words, and why a run may not go on with it
 # (None: it may): `TaskConfig.task_data_change`.
@@ -41,6 +44,11 @@ class TaskConfig:
     pack: bool = True
     model_family: str = "llama"
     init_from: str = ""
+    finetune: str = "full"
+    lora_rank: int = 16
+    lora_alpha: float = 32
+    lora_dropout: float = 0.0
+    lora_targets: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
     dropout: float = 0.0
     epochs: int = 4
     max_tokens: int = 20_000_000
@@ -53,6 +61,11 @@ class TaskConfig:
     task_resume_keys: ClassVar[tuple[str, ...]] = (
         "model_family",
         "init_from",
+        "finetune",
+        "lora_rank",
+        "lora_alpha",
+        "lora_targets",
+        "base_fingerprint",
         "data_dir",
         "block_size",
         "pack",
@@ -68,6 +81,14 @@ class TaskConfig:
         manifest = manifest_at(Path(self.data_dir) / MANIFEST)
         return manifest.fingerprint() if manifest else ""
 
+    @property
+    def base_fingerprint(self) -> str:
+        """For LoRA, the checksum of init_from's weights files, which a run's adapters rest on
+        and its checkpoints leave out (lora.py); '' otherwise."""
+        if self.finetune != "lora" or not self.init_from:
+            return ""
+        return weights_fingerprint(Path(self.init_from))
+
     def task_max_steps(self, sequences_per_step: int) -> int:
         """The most optimizer steps of `sequences_per_step` sequences of `block_size` tokens
         that train at most `max_tokens` tokens, and at least one (0: no token budget)."""
@@ -80,6 +101,11 @@ class TaskConfig:
         its config), in words, and why a run may not continue on it (None: it may): not on
         another tokenizer's ids, which would mean other text. None when it is the same corpus.
         `run_dir`'s RUN_MANIFEST, the manifest the run recorded, names what changed."""
+        if saved.get("base_fingerprint", "") != self.base_fingerprint:
+            return (
+                f"the weights in init_from={self.init_from} are not those the adapters trained on",
+                "the adapters would sit on other weights; put the model folder back as it was",
+            )
         path = Path(self.data_dir) / MANIFEST
         if saved.get("data_fingerprint") in (self.data_fingerprint, legacy_fingerprint(path)):
             return None
@@ -119,6 +145,19 @@ class TaskConfig:
         if problem := tokenizer_problem(self.init_from, self.tokenizer):
             own = Path(self.init_from) / TOKENIZER_FILE
             problems.append(f'{problem}; set tokenizer = "{own}"')
+        if self.finetune not in FINETUNES:
+            finetunes = ", ".join(FINETUNES)
+            problems.append(f"finetune must be one of {finetunes}, got {self.finetune!r}")
+        elif self.finetune == "lora" and not (self.init_from and self.model_family == "llama"):
+            problems.append(
+                "finetune = lora adapts a Llama-family model started from init_from; set "
+                "init_from to its folder, or finetune = full"
+            )
+        if self.lora_rank < 1 or self.lora_alpha <= 0 or not 0 <= self.lora_dropout < 1:
+            problems.append(
+                "lora_rank must be >= 1, lora_alpha > 0 and lora_dropout in [0, 1), got "
+                f"{self.lora_rank!r}, {self.lora_alpha!r}, {self.lora_dropout!r}"
+            )
         if self.dropout and self.model_family == "llama":
             problems.append("dropout applies to model_family gpt2 only; set it to 0")
         if self.tokenizer not in ("bytes", "bpe") and not self.tokenizer.endswith(".json"):
@@ -144,6 +183,30 @@ def tokenizer_problem(init_from: str, tokenizer: str) -> str | None:
         f"tokenizer {tokenizer!r} is not {own}, the one init_from's model was trained with "
         "(its ids would mean other text to it)"
     )
+
+
+@functools.cache
+def _fingerprint(folder: Path, files: tuple[tuple[str, int, int], ...]) -> str:
+    """SHA-256 over the weights `files` (name, bytes, modification time) of `folder`: their
+    names, sizes and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name, size, _ in files:
+        digest.update(json.dumps([name, size]).encode())
+        with open(folder / name, "rb") as file:
+            while chunk := file.read(1 << 24):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def weights_fingerprint(folder: Path) -> str:
+    """The checksum of a model folder's weights files (*.safetensors), computed once per
+    process for the files as they are (names, sizes, modification times): a whole read of a
+    large model takes a while."""
+    files = tuple(
+        (path.name, path.stat().st_size, path.stat().st_mtime_ns)
+        for path in sorted(folder.glob("*.safetensors"))
+    )
+    return _fingerprint(folder.resolve(), files)
 
 
 def legacy_fingerprint(path: Path) -> str:

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from ..runtime import Runtime
 from ..state_io import atomic_save, host_copy, load_trusted
-from .build import materialize
+from .build import check_loaded, materialize, trainable_state
 
 ENGINE_FILE = "engine.pt"  # the model, optimizer and loss-scaler states in a checkpoint folder
 
@@ -66,10 +66,10 @@ class ReplicatedEngine:
         return torch.inference_mode()
 
     def save(self, folder: Path) -> None:
-        """Write the model, optimizer and scaler states into `folder` (main process only:
-        every process holds the same copy)."""
+        """Write the model (its trainable weights: `trainable_state`), optimizer and scaler
+        states into `folder` (main process only: every process holds the same copy)."""
         if self.runtime.is_main:
-            state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+            state = {"model": trainable_state(self.model), "optimizer": self.optimizer.state_dict()}
             atomic_save(state | {"scaler": self.scaler.state_dict()}, folder / ENGINE_FILE)
 
     def start_save(self, folder: Path) -> Callable[[], None]:
@@ -77,7 +77,7 @@ class ReplicatedEngine:
         for a background thread to run while training goes on."""
         if not self.runtime.is_main:
             return lambda: None
-        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        state = {"model": trainable_state(self.model), "optimizer": self.optimizer.state_dict()}
         staged = host_copy(state | {"scaler": self.scaler.state_dict()})
         return lambda: atomic_save(staged, folder / ENGINE_FILE)
 
@@ -85,12 +85,14 @@ class ReplicatedEngine:
         """Load what `save` wrote: the model first, then the optimizer and the loss scale.
 
         Raises:
-            ValueError: the engine file in `folder` is missing or damaged.
+            ValueError: the engine file in `folder` is missing or damaged, or holds other
+                weights than the model's trainable ones.
         """
         state = load_trusted(folder / ENGINE_FILE, ("model", "optimizer", "scaler"))
         if state is None:
             raise ValueError(f"{folder / ENGINE_FILE} does not load; move {folder} away")
-        self.model.load_state_dict(state["model"])
+        loaded = self.model.load_state_dict(state["model"], strict=False)
+        check_loaded(loaded.missing_keys, loaded.unexpected_keys, self.model, folder / ENGINE_FILE)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
 

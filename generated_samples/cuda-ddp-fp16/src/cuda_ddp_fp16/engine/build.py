@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -88,6 +89,35 @@ def init_weights(
             full = torch.empty(target.shape, dtype=target.dtype)
             model.init_tensor(name, full, generator)
             store(target, full)
+
+
+def frozen_parameters(model: nn.Module) -> set[str]:
+    """The names of `model`'s parameters that do not train (`requires_grad` False: a LoRA run's
+    base weights). A checkpoint leaves them out: they are the model's start, built again at a
+    resume (lora.py)."""
+    return {name for name, parameter in model.named_parameters() if not parameter.requires_grad}
+
+
+def trainable_state(model: nn.Module) -> dict[str, Tensor]:
+    """`model.state_dict()` without its frozen parameters (`frozen_parameters`)."""
+    frozen = frozen_parameters(model)
+    return {name: value for name, value in model.state_dict().items() if name not in frozen}
+
+
+def check_loaded(missing: list[str], unexpected: list[str], model: nn.Module, source: Path) -> None:
+    """Refuse a load of `source` into `model` (a non-strict `load_state_dict`'s `missing` and
+    `unexpected` keys) unless it set every parameter but the frozen ones, and nothing else.
+
+    Raises:
+        ValueError: naming the first keys that differ.
+    """
+    missing = sorted(set(missing) - frozen_parameters(model))
+    if missing or unexpected:
+        named = ", ".join([*missing[:3], *list(unexpected)[:3]])
+        raise ValueError(
+            f"{source} does not hold this model's trainable weights ({len(missing)} missing, "
+            f"{len(unexpected)} unexpected: {named}); move it away"
+        )
 
 
 def materialize(

@@ -13,11 +13,13 @@ that fails leaves nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,8 +97,7 @@ def export_folder(
             or holds names the architecture does not have.
     """
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"{out} exists and is not empty; name a new folder")
+    refuse_used(out)
     cast = export_dtype(dtype)
     if not Path(weights).is_file():
         raise ValueError(f"{weights} not found; train first, or name the weights with --weights")
@@ -111,9 +112,7 @@ def export_folder(
         raise ValueError(
             f"{weights} holds {error.args[0]!r}, which a {family} model does not"
         ) from None
-    out.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with new_folder(out) as scratch:
         shards = shard_plan(sizes, max_shard_bytes)
         weight_map = {}
         for number, group in enumerate(shards, start=1):
@@ -143,6 +142,28 @@ def export_folder(
                 shutil.copyfile(original_tokenizer_config, scratch / TOKENIZER_CONFIG)
             else:
                 write_json(scratch / TOKENIZER_CONFIG, tokenizer_config(architecture, eot))
+    return sorted(out.iterdir())
+
+
+def refuse_used(out: Path) -> None:
+    """Raises ValueError: `out` exists and is not an empty folder."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"{out} exists and is not empty; name a new folder")
+
+
+@contextlib.contextmanager
+def new_folder(out: Path) -> Iterator[Path]:
+    """A private scratch folder beside `out` to write into; once the block ends it becomes
+    `out` (published: `publish`), whole or not at all (removed on any error).
+
+    Raises:
+        ValueError: `out` exists and is not an empty folder.
+    """
+    refuse_used(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        yield scratch
         publish(scratch)
         if out.exists():
             out.rmdir()
@@ -150,7 +171,6 @@ def export_folder(
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
-    return sorted(out.iterdir())
 
 
 def publish(folder: Path) -> None:

@@ -206,7 +206,9 @@ def prepare(
             else:
                 manifest = write_examples(sources.files, options, scratch, request, progress, say)
                 atomic_write_text(manifest.to_json(), scratch / MANIFEST)  # last: complete
-            replace_folder(scratch, out)
+            with locked(out.parent, wait=True):  # another rank's may have landed meanwhile
+                if up_to_date(out, request) is None:
+                    replace_folder(scratch, out)
     except BaseException as error:
         full = isinstance(error, OSError) and error.errno in FULL_DISK
         message = disk_full(out, budgets) if full else None

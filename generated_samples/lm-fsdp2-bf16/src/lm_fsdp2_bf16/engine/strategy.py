@@ -23,18 +23,25 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import Tensor, nn
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 from torch.distributed.device_mesh import init_device_mesh
 
 from ..config import Config
 from ..runtime import Runtime
-from .build import materialize
+from .build import check_loaded, materialize
 from .sharding import ShardedEngine, copy_shard, shard
 
 STRATEGY = "fsdp2"
 PRECISION = "bf16"
 FRAMEWORK = "plain PyTorch"  # what runs the step, as the run summary names it
 COMPUTE_DTYPE = torch.bfloat16
+# A checkpoint holds what trains: frozen weights (a LoRA run's base) are the model's start,
+# built again at a resume; a load then checks it set every trainable one (`check_loaded`).
+TRAINABLE = StateDictOptions(ignore_frozen_params=True, strict=False)
 
 
 class Engine(ShardedEngine):
@@ -73,7 +80,7 @@ class Engine(ShardedEngine):
     def save(self, folder: Path) -> None:
         """Every rank writes its shards of the model and optimizer into `folder` with
         torch.distributed.checkpoint (a collective: returns once all shards are on disk)."""
-        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+        model_state, optimizer_state = get_state_dict(self.model, self.optimizer, options=TRAINABLE)
         dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder)
 
     def start_save(self, folder: Path) -> Callable[[], None]:
@@ -83,7 +90,7 @@ class Engine(ShardedEngine):
         the first call (a collective), never interleaved with the training's."""
         if self.save_group is None:
             self.save_group = dist.new_group(backend="gloo")
-        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+        model_state, optimizer_state = get_state_dict(self.model, self.optimizer, options=TRAINABLE)
         state = {"model": model_state, "optimizer": optimizer_state}
         return dcp.async_save(state, checkpoint_id=folder, process_group=self.save_group).result
 
@@ -100,16 +107,18 @@ class Engine(ShardedEngine):
                 same on every rank).
         """
         self.optimizer.zero_grad(set_to_none=True)
-        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+        model_state, optimizer_state = get_state_dict(self.model, self.optimizer, options=TRAINABLE)
         state = {"model": model_state, "optimizer": optimizer_state}
         try:
             dcp.load(state, checkpoint_id=folder)  # fills `state` in place
         except (Exception, CheckpointException) as error:  # torn, missing or foreign files
             reason = f"{type(error).__name__}: {error}".strip().splitlines()[0][:300]
             raise ValueError(f"{folder} does not load ({reason}); move it away") from error
-        set_state_dict(
+        loaded = set_state_dict(
             self.model,
             self.optimizer,
             model_state_dict=state["model"],
             optim_state_dict=state["optimizer"],
+            options=TRAINABLE,
         )
+        check_loaded(loaded.missing_keys, loaded.unexpected_keys, self.model, folder)

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from ..config import Config
 from ..runtime import Runtime, any_process, barrier
+from .build import frozen_parameters
 
 # Each rank's optimizer partition in a checkpoint folder: as many files as ranks saved it.
 PARTITION_FILES = "zero_pp_rank_*_mp_rank_00_optim_states.pt"
@@ -196,6 +197,7 @@ class ZeroEngine:
             tag=folder.name,
             save_latest=False,
             client_state={UNIVERSAL_CHECKPOINT_INFO: UNIVERSAL_INFO},
+            exclude_frozen_parameters=True,  # a LoRA run's base: built again at a resume
         )
 
     def load(self, folder: Path) -> None:
@@ -217,7 +219,7 @@ class ZeroEngine:
             tag=folder.name,
             load_optimizer_states=True,
             load_lr_scheduler_states=False,
-            load_module_strict=True,
+            load_module_strict=not frozen_parameters(self.model),
         )
         if path is None:
             raise ValueError(f"DeepSpeed found no checkpoint in {folder}; move it away")
@@ -255,7 +257,7 @@ class ZeroEngine:
                 tag=universal.name,
                 load_optimizer_states=True,
                 load_lr_scheduler_states=False,
-                load_module_strict=True,
+                load_module_strict=not frozen_parameters(self.model),
             )
         finally:
             self.module._config.load_universal_checkpoint = False
