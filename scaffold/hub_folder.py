@@ -45,6 +45,14 @@ class HubDecoderShape(DecoderShape):
     output_bias: bool = False
     folder: str = ""
 
+    def lora_parameters(self, rank: int) -> int:
+        """Parameters of LoRA adapters of `rank` on every attention and MLP projection of a
+        Llama-family model (the rendered `lora_targets`): rank x (inputs + outputs) each."""
+        w, attention = self.width, self.heads * self.head_dim
+        kv, mlp = self.kv_heads * self.head_dim, self.intermediate
+        per_block = 2 * (w + attention) + 2 * (w + kv) + 3 * (w + mlp)
+        return rank * per_block * self.depth
+
     @property
     def unit_params(self) -> tuple[int, ...]:
         if self.family == "gpt2":

@@ -10,6 +10,11 @@ optimizer holds the paper's K = 12. Each strategy divides some of it over the N 
 (§5: ZeRO-1 the optimizer state, ZeRO-2 also gradients, ZeRO-3 and FSDP2 also weights), and the
 offload strategy keeps the partitions in host memory.
 
+LoRA (`adapters` > 0: low-rank adapters trained, every other weight frozen) keeps the frozen
+weights as the engines keep every parameter (fp32) and the adapters beside them, and gradients
+and optimizer state for the adapters alone; activations are those of the full model (backward
+still runs through every frozen layer to reach the adapters below it).
+
 On top: the activations one micro-batch saves for backward (`scaffold.shapes`), with or without
 activation checkpointing, and the temporaries: autocast's low-precision weight copies, FSDP2's
 all-gathered units and unsharded gradients, ZeRO-3's gathered parameters, DeepSpeed's reduce
@@ -107,6 +112,7 @@ class StepShape:
     cast: int
     divisor: int
     checkpointing: bool
+    trained: float = 1.0  # the share of the parameters that train and so have gradients
 
     def state(self, params: int, part: str, bytes_each: int) -> int:
         """Device bytes of `part` (weights, gradients, optimizer) of `params` parameters at
@@ -150,10 +156,12 @@ def estimate(
     checkpointing: bool,
     dropout: float = 0.0,
     processes_per_node: int = 1,
+    adapters: int = 0,
 ) -> Estimate:
     """Bytes per device of a step of `shape` trained with `strategy` over `world_size`
     processes in `precision` ('fp32', 'bf16' or 'fp16'), `micro_batch` samples per micro-step:
     the persistent state, then the peaks of forward, of backward and of the optimizer step.
+    `adapters` > 0: LoRA's parameters, the only ones that train (module docstring).
 
     Raises:
         KeyError: an unknown strategy.
@@ -170,14 +178,17 @@ def estimate(
         cast=compute if autocast else 0,
         divisor=world_size if layout.sharded else 1,
         checkpointing=checkpointing,
+        trained=adapters / shape.params if adapters else 1.0,
     )
-    state = persistent_state(step)
+    state = persistent_state(step, adapters)
     backward, largest_temporary = backward_peak(step, state)
     optimizer_step = state.total + (0 if layout.persistent_gradients else state.gradients)
     host = 0
     if layout.offload:  # each node keeps its processes' partitions of all three
-        per_process = WEIGHT_BYTES + GRADIENT_BYTES + ADAMW_BYTES
-        host = per_process * math.ceil(shape.params / step.divisor) * processes_per_node
+        trained = adapters or shape.params
+        per_process = WEIGHT_BYTES * math.ceil((shape.params + adapters) / step.divisor)
+        per_process += (GRADIENT_BYTES + ADAMW_BYTES) * math.ceil(trained / step.divisor)
+        host = per_process * processes_per_node
     return Estimate(
         weights=state.weights,
         gradients=state.gradients,
@@ -189,16 +200,18 @@ def estimate(
     )
 
 
-def persistent_state(step: StepShape) -> PersistentState:
+def persistent_state(step: StepShape, adapters: int = 0) -> PersistentState:
     """The model state a device keeps (fp32 weights, gradients, AdamW moments and DeepSpeed's
-    partition, each divided where the layout shards it), DeepSpeed's reduce bucket and the
-    gathered root; gradients count as alive throughout only where they persist (DDP)."""
+    partition, each divided where the layout shards it; with LoRA `adapters`, gradients and
+    optimizer state of those alone), DeepSpeed's reduce bucket and the gathered root;
+    gradients count as alive throughout only where they persist (DDP)."""
     layout, params = step.layout, step.shape.params
-    weights = step.state(params, "weights", WEIGHT_BYTES)
-    gradients = step.state(params, "gradients", GRADIENT_BYTES)
-    optimizer = step.state(params, "optimizer", ADAMW_BYTES)
+    trained = adapters or params
+    weights = step.state(params + adapters, "weights", WEIGHT_BYTES)
+    gradients = step.state(trained, "gradients", GRADIENT_BYTES)
+    optimizer = step.state(trained, "optimizer", ADAMW_BYTES)
     if layout.deepspeed:
-        optimizer += step.state(params, "optimizer", DEEPSPEED_PARTITION_BYTES)
+        optimizer += step.state(trained, "optimizer", DEEPSPEED_PARTITION_BYTES)
     bucket = 4 * DEEPSPEED_REDUCE_BUCKET if layout.deepspeed else 0
     gather = layout.gather_bytes or step.compute
     gathered_root = gather * step.shape.root_params if layout.gathers else 0
@@ -227,7 +240,8 @@ def backward_peak(step: StepShape, state: PersistentState) -> tuple[int, int]:
     live = state.total + acts.saved(step.checkpointing)
     live += cast * root_cast if step.checkpointing else step.all_casts
     if not layout.persistent_gradients:
-        live += step.state(step.shape.root_params, "gradients", GRADIENT_BYTES)
+        root = math.ceil(step.shape.root_params * step.trained)
+        live += step.state(root, "gradients", GRADIENT_BYTES)
     peak = live + acts.transient
     live -= acts.outside
     largest_temporary = max(step.all_casts + step.gathered_units, acts.transient)
@@ -235,8 +249,9 @@ def backward_peak(step: StepShape, state: PersistentState) -> tuple[int, int]:
         if step.checkpointing:  # recompute the unit's forward: its activations and casts again
             live += acts.per_unit[index] - acts.unit_input[index] + cast * unit_casts[index]
         if not layout.persistent_gradients:
-            live += step.state(units[index], "gradients", GRADIENT_BYTES)
-        unsharded = (step.compute + GRADIENT_BYTES) * units[index] if layout.gathers else 0
+            live += step.state(math.ceil(units[index] * step.trained), "gradients", GRADIENT_BYTES)
+        gathered = (step.compute + GRADIENT_BYTES * step.trained) * units[index]
+        unsharded = math.ceil(gathered) if layout.gathers else 0
         temporaries = step.gathered_units + unsharded + acts.transient
         peak = max(peak, live + temporaries)
         largest_temporary = max(largest_temporary, temporaries)

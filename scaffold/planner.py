@@ -29,6 +29,7 @@ from scaffold.fitting import (
     device_words,
     fit,
     hardware_recipe,
+    host_usable,
     memory_verdict,
     model_shape,
     sequences_per_process,
@@ -36,7 +37,7 @@ from scaffold.fitting import (
     why_not,
 )
 from scaffold.hub_folder import HubDecoderShape, read_hub_folder
-from scaffold.memory import Estimate, gib
+from scaffold.memory import Estimate, estimate, gib
 from scaffold.recipes import SMALL_LM_RECIPE, Recipe, total_steps, within_accumulation
 from scaffold.renderable import framework_renders
 from scaffold.shapes import DecoderShape, ModelShape
@@ -51,11 +52,13 @@ class Setting:
     source: str
 
     def as_toml(self) -> str:
-        """The value as a TOML literal (`2e-3`, `true`, `300_000`, `"bpe"`)."""
+        """The value as a TOML literal (`2e-3`, `32.0`, `true`, `300_000`, `"bpe"`)."""
         if isinstance(self.value, str):
             return json.dumps(self.value)
         if isinstance(self.value, bool):
             return "true" if self.value else "false"
+        if isinstance(self.value, float) and self.value.is_integer() and 1 <= self.value < 1e5:
+            return f"{self.value:.1f}"  # a whole scale, 32.0
         if isinstance(self.value, float):
             mantissa, exponent = f"{self.value:.1e}".split("e")
             return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
@@ -205,6 +208,12 @@ def plan(answers: Answers) -> Plan:
     if chosen.fits:  # else micro-batch 1 is no measure of the device: keep the recipe's batch
         recipe = within_accumulation(recipe, chosen.micro_batch, answers.world_size)
     settings = _settings(answers, recipe, chosen)
+    if recipe.block_size:
+        finetune, lora = _finetune(answers, shape, chosen, precision.value)
+        settings |= finetune
+        if lora is not None:  # LoRA fits where every weight did not: its estimate stands
+            chosen = dataclasses.replace(chosen, estimate=lora, fits=True)
+            warnings = [warning for warning in warnings if warning not in fit_warnings]
     settings |= _run_length(recipe, shape.params, chosen.micro_batch, settings, answers.world_size)
     resolved = dataclasses.replace(answers, precision=precision.value, strategy=strategy.value)
     usable = usable_bytes(answers)
@@ -382,7 +391,6 @@ def _settings(answers: Answers, recipe: Recipe, chosen: Fit) -> dict[str, Settin
         settings["model_family"] = Setting(answers.model_family, family)
         start = "as answered: the engines load its weights" if answers.init_from else "scratch"
         settings["init_from"] = Setting(answers.init_from, start)
-        settings |= _finetune(answers)
     peak = f"~{gib(chosen.estimate.peak)} of {gib(usable)} GiB usable per device"
     if not usable:
         micro = f"the whole {per_process} {unit} per process (memory not given: not checked)"
@@ -527,24 +535,47 @@ def continued_training(recipe: Recipe, shape: HubDecoderShape) -> Recipe:
 # QLoRA recipe's setting for all linear layers (Dettmers et al. 2023, "QLoRA", §4 and Appendix
 # B.2: adapters on every linear layer match full fine-tuning where attention alone does not).
 LORA_RANK = 16
-LORA_ALPHA = 2 * LORA_RANK
+LORA_ALPHA = 2.0 * LORA_RANK  # a float: the setting takes any scale
 
 
-def _finetune(answers: Answers) -> dict[str, Setting]:
-    """How a language model trains its weights: all of them (the default), or LoRA adapters on
-    a model started from init_from (`finetune = "lora"` in configs/train.toml)."""
-    how = (
-        "full: every weight of the imported model trains; lora trains low-rank adapters only "
-        "(lora.py)"
-        if answers.init_from
-        else "full: a model from scratch trains every weight (lora needs init_from)"
-    )
+def _finetune(
+    answers: Answers, shape: ModelShape, chosen: Fit, precision: str
+) -> tuple[dict[str, Setting], Estimate | None]:
+    """How a language model trains its weights: all of them, or LoRA adapters on a Llama-family
+    model started from init_from (`finetune = "lora"`), which the plan takes where fine-tuning
+    every weight does not fit and the adapters do; both estimates are in its line. Returns the
+    settings, and LoRA's estimate where the plan takes LoRA (else None)."""
     qlora = "QLoRA's rank for adapters on every linear layer (Dettmers et al. 2023, App. B.2)"
-    return {
-        "finetune": Setting("full", how),
+    rank = {
         "lora_rank": Setting(LORA_RANK, qlora),
         "lora_alpha": Setting(LORA_ALPHA, "2 x lora_rank: a scale alpha / rank of 2 (QLoRA's)"),
     }
+    if not (isinstance(shape, HubDecoderShape) and shape.family == "llama"):
+        scratch = "init_from's GPT-2" if answers.init_from else "a model from scratch"
+        how = f"full: {scratch} trains every weight (lora: a Llama-family init_from)"
+        return {"finetune": Setting("full", how)} | rank, None
+    adapters = shape.lora_parameters(LORA_RANK)
+    lora = estimate(
+        shape,
+        strategy=chosen.strategy,
+        precision=precision,
+        world_size=answers.world_size,
+        micro_batch=chosen.micro_batch,
+        checkpointing=chosen.checkpointing,
+        processes_per_node=answers.gpus_per_node,
+        adapters=adapters,
+    )
+    usable = usable_bytes(answers)
+    both = (
+        f"every weight ~{gib(chosen.estimate.peak)} GiB, LoRA at rank {LORA_RANK} ({adapters:,} "
+        f"adapter parameters) ~{gib(lora.peak)} GiB per device"
+    )
+    host = host_usable(answers)
+    if usable and not chosen.fits and lora.peak <= usable and (not host or lora.host <= host):
+        how = f"lora: fine-tuning every weight does not fit this hardware and LoRA does ({both})"
+        return {"finetune": Setting("lora", how)} | rank, lora
+    how = f"full: every weight trains ({both}); lora: adapters only"
+    return {"finetune": Setting("full", how)} | rank, None
 
 
 def _warmup(recipe: Recipe, sequences_per_step: int) -> Setting:

@@ -146,3 +146,41 @@ def test_the_questionnaire_asks_what_the_folder_does_not_answer():
     for key in ("model_size", "model_family"):
         assert QUESTION_BY_KEY[key].asked(lm)
         assert not QUESTION_BY_KEY[key].asked({**lm, "init_from": "/models/smol"})
+
+
+def test_lora_is_planned_where_every_weight_does_not_fit_and_its_count_is_the_rendered_ones(
+    tmp_path,
+):
+    import torch
+
+    seven_b = {**LLAMA, "vocab_size": 32_000, "hidden_size": 4096, "intermediate_size": 11_008}
+    seven_b |= {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32}
+    folder = str(model_folder(tmp_path / "7b", seven_b))
+    # One 80 GiB GPU and 64 GiB of host memory: every weight's state (16 bytes each) fits
+    # neither, even offloaded; the adapters' beside the frozen weights fit the GPU.
+    gpu = {**VARIANTS["lm-ddp-bf16"], "project_name": "demo", "gpus_per_node": 1}
+    gpu |= {"host_memory_gb": 64.0}
+    gpu = {k: v for k, v in gpu.items() if k not in ("model_size", "model_family", "strategy")}
+    settings = plan(build_answers(merge_sources({"init_from": folder}, gpu))).settings
+    assert settings["finetune"].value == "lora", settings["finetune"].source
+    source = settings["finetune"].source
+    assert "does not fit" in source and "LoRA at rank 16" in source
+
+    small = str(model_folder(tmp_path / "small", LLAMA))
+    settings = plan(build_answers(merge_sources({"init_from": small}, gpu))).settings
+    assert settings["finetune"].value == "full" and "LoRA at rank 16" in settings["finetune"].source
+
+    # The adapters' parameter count is the rendered model's, with PEFT's layers on it.
+    shape = read_hub_folder(small, 64)
+    (tmp_path / "small" / "tokenizer.json").unlink()
+    architecture = rendered(LM_SAMPLE, "hub.architecture").read_architecture(tmp_path / "small")
+    lora = rendered(LM_SAMPLE, "lora")
+    with torch.device("meta"):
+        model = rendered(LM_SAMPLE, "llama").Llama(architecture.shape)
+    model.init_tensor = lambda *args: None
+    targets = ",".join(lora.LLAMA_PROJECTIONS)
+    settings = type("Settings", (), {"lora_targets": targets, "lora_rank": 16})
+    settings.lora_alpha, settings.lora_dropout = 32, 0.0
+    adapted = lora.add_adapters(model, settings)
+    trained = sum(p.numel() for p in adapted.parameters() if p.requires_grad)
+    assert shape.lora_parameters(16) == trained

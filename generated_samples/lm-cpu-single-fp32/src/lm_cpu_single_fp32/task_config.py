@@ -46,7 +46,7 @@ class TaskConfig:
     init_from: str = ""
     finetune: str = "full"
     lora_rank: int = 16
-    lora_alpha: float = 32
+    lora_alpha: float = 32.0
     lora_dropout: float = 0.0
     lora_targets: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
     dropout: float = 0.0
