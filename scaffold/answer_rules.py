@@ -140,6 +140,21 @@ def _init_from_is_a_model_folder(values: Mapping[str, Any]) -> None:
     read_hub_folder(values["init_from"], 1)
 
 
+def _lora_adapts_a_llama_folder(values: Mapping[str, Any]) -> None:
+    if values["finetune"] == "auto":
+        return
+    if not values["init_from"] and values["finetune"] == "lora":
+        raise AnswerError(
+            "finetune=lora trains adapters on a model started from init_from; answer init_from "
+            "(a Hugging Face model folder), or finetune=full"
+        )
+    if values["finetune"] == "lora" and read_hub_folder(values["init_from"], 1).family != "llama":
+        raise AnswerError(
+            "finetune=lora adapts a Llama-family model (Llama, Mistral, Qwen2, SmolLM), and "
+            f"{values['init_from']} holds a GPT-2; answer finetune=full"
+        )
+
+
 RULES: tuple[tuple[tuple[str, ...], Callable[[Mapping[str, Any]], None]], ...] = (
     (("hardware", "gpu_arch"), _cuda_needs_an_architecture),
     (("hardware", "gpu_memory_gb"), _cuda_needs_its_memory),
@@ -152,6 +167,7 @@ RULES: tuple[tuple[tuple[str, ...], Callable[[Mapping[str, Any]], None]], ...] =
     (("task", "model_size"), _decoder_size),
     (("framework",), _framework_renders),
     (("task", "init_from"), _init_from_is_a_model_folder),
+    (("finetune", "init_from"), _lora_adapts_a_llama_folder),
     (("task", "model_size", "hardware", "host_memory_gb"), _fits_somewhere),
 )
 

@@ -37,6 +37,7 @@ class Question:
     only_for_cuda: bool = False
     only_for_language_model: bool = False
     derived_from_init_from: bool = False  # a model folder's config.json answers it
+    only_with_init_from: bool = False  # asked only of a model started from a folder
     maximum: float | None = None  # the largest number accepted
     positive: bool = False  # 0 cannot be the answer where the question is asked
     beyond: str = ""  # why a larger number cannot be right, for the refusal
@@ -63,6 +64,8 @@ class Question:
         if self.only_for_cuda and known.get("hardware") != "cuda":
             return False
         if self.only_for_language_model and known.get("task") != "language-model":
+            return False
+        if self.only_with_init_from and not known.get("init_from"):
             return False
         return not (self.derived_from_init_from and known.get("init_from"))
 
@@ -160,6 +163,15 @@ QUESTIONS: tuple[Question, ...] = (
         RENDERS["model_family"],
         only_for_language_model=True,
         derived_from_init_from=True,
+    ),
+    Question(
+        "finetune",
+        "Fine-tuning: every weight (full) or LoRA adapters on frozen weights (lora)",
+        str,
+        "auto",
+        RENDERS["finetune"],
+        only_for_language_model=True,
+        only_with_init_from=True,
     ),
     Question(
         "framework",
@@ -261,6 +273,7 @@ class Answers:
     model_size: str
     model_family: str
     init_from: str
+    finetune: str
     framework: str
     strategy: str
     precision: str

@@ -211,11 +211,15 @@ def plan(answers: Answers) -> Plan:
     if recipe.block_size:
         finetune, lora = _finetune(answers, shape, chosen, precision.value)
         settings |= finetune
-        if lora is not None:  # LoRA fits where every weight did not: its estimate stands
-            chosen = dataclasses.replace(chosen, estimate=lora, fits=True)
-            warnings = [warning for warning in warnings if warning not in fit_warnings]
+        if lora is not None:  # LoRA's estimate stands; where it fits, no warning of a misfit
+            fits = not usable_bytes(answers) or lora.peak <= usable_bytes(answers)
+            chosen = dataclasses.replace(chosen, estimate=lora, fits=fits)
+            if fits:
+                warnings = [warning for warning in warnings if warning not in fit_warnings]
     settings |= _run_length(recipe, shape.params, chosen.micro_batch, settings, answers.world_size)
     resolved = dataclasses.replace(answers, precision=precision.value, strategy=strategy.value)
+    finetune = settings["finetune"].value if "finetune" in settings else "full"  # as planned
+    resolved = dataclasses.replace(resolved, finetune=finetune)
     usable = usable_bytes(answers)
     return Plan(
         resolved, settings, shape, chosen.estimate, usable, precision, strategy, tuple(warnings)
@@ -550,7 +554,7 @@ def _finetune(
         "lora_rank": Setting(LORA_RANK, qlora),
         "lora_alpha": Setting(LORA_ALPHA, "2 x lora_rank: a scale alpha / rank of 2 (QLoRA's)"),
     }
-    if not (isinstance(shape, HubDecoderShape) and shape.family == "llama"):
+    if not (isinstance(shape, HubDecoderShape) and shape.family == "llama"):  # full only
         scratch = "init_from's GPT-2" if answers.init_from else "a model from scratch"
         how = f"full: {scratch} trains every weight (lora: a Llama-family init_from)"
         return {"finetune": Setting("full", how)} | rank, None
@@ -571,7 +575,12 @@ def _finetune(
         f"adapter parameters) ~{gib(lora.peak)} GiB per device"
     )
     host = host_usable(answers)
-    if usable and not chosen.fits and lora.peak <= usable and (not host or lora.host <= host):
+    lora_fits = not usable or (lora.peak <= usable and (not host or lora.host <= host))
+    if answers.finetune == "lora":
+        return {"finetune": Setting("lora", f"lora: as answered ({both})")} | rank, lora
+    if answers.finetune == "full":
+        return {"finetune": Setting("full", f"full: as answered ({both})")} | rank, None
+    if usable and not chosen.fits and lora_fits:
         how = f"lora: fine-tuning every weight does not fit this hardware and LoRA does ({both})"
         return {"finetune": Setting("lora", how)} | rank, lora
     how = f"full: every weight trains ({both}); lora: adapters only"

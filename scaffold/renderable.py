@@ -15,6 +15,7 @@ RENDERS: dict[str, tuple[str, ...]] = {
     "hardware": ("cpu", "cuda", "mps"),
     "gpu_arch": ("hopper", "ampere", "volta-turing", "none"),
     "model_family": ("gpt2", "llama"),
+    "finetune": ("auto", "full", "lora"),
     "framework": ("pytorch", "fabric", "accelerate"),
     "precision": ("auto", "fp32", "bf16", "fp16"),
     "strategy": ("auto", "single", "ddp", "fsdp2", "zero1", "zero2", "zero3", "zero3-offload"),

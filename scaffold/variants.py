@@ -11,6 +11,7 @@ CPU |= {"gpu_memory_gb": 0.0, "host_memory_gb": 16.0}
 MPS = {**CPU, "hardware": "mps"}
 COMMON = {"task": "image-classification", "framework": "pytorch", "strategy": "single"}
 COMMON |= {"model_size": "100K", "model_family": "gpt2", "init_from": "", "compile": False}
+COMMON |= {"finetune": "auto"}
 
 CUDA_AMPERE = {"hardware": "cuda", "gpu_arch": "ampere", "gpus_per_node": 1, "num_nodes": 1}
 CUDA_AMPERE |= {"gpu_memory_gb": 80.0, "host_memory_gb": 512.0}

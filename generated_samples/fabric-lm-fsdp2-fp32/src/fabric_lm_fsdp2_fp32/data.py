@@ -60,7 +60,7 @@ def prepare_example(config: Config) -> None:
     if data_dir.exists() and any(data_dir.iterdir()):
         prepared = manifest_at(data_dir / MANIFEST)
         asked = prepared.request.get("max_bytes") if prepared else config.corpus_bytes
-        if asked != config.corpus_bytes:
+        if asked != config.corpus_bytes and prepared.kind == "text":  # examples: no budget
             was = "all of its sources" if asked is None else f"{asked:,} bytes"
             warnings.warn(
                 f"corpus_bytes={config.corpus_bytes:,}, but {data_dir} was prepared from {was}: "

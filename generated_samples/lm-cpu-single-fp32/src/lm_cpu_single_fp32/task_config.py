@@ -148,10 +148,15 @@ class TaskConfig:
         if self.finetune not in FINETUNES:
             finetunes = ", ".join(FINETUNES)
             problems.append(f"finetune must be one of {finetunes}, got {self.finetune!r}")
-        elif self.finetune == "lora" and not (self.init_from and self.model_family == "llama"):
+        elif self.finetune == "lora" and not self.init_from:
             problems.append(
                 "finetune = lora adapts a Llama-family model started from init_from; set "
                 "init_from to its folder, or finetune = full"
+            )
+        elif self.finetune == "lora" and self.model_family != "llama":
+            problems.append(
+                f"finetune = lora adapts a Llama-family model, and model_family is "
+                f"{self.model_family!r} ({self.init_from}); set finetune = full"
             )
         if self.lora_rank < 1 or self.lora_alpha <= 0 or not 0 <= self.lora_dropout < 1:
             problems.append(

@@ -115,7 +115,10 @@ def main(argv: list[str] | None = None) -> list[Path]:
         if architecture.eos_token_id is None:
             architecture = dataclasses.replace(architecture, eos_token_id=codec.eot_id)
         if args.merge and config.finetune != "lora":
-            raise ValueError(f"--merge folds LoRA adapters in, and {run_dir} trained every weight")
+            raise ValueError(
+                f"--merge folds LoRA adapters in, and {run_dir} trained every weight; leave "
+                "--merge out"
+            )
         with tempfile.TemporaryDirectory() as scratch:
             if args.checkpoint:
                 weights = checkpoint_weights(config, Path(args.checkpoint), Path(scratch) / "w")

@@ -117,3 +117,8 @@ def open_source(path: Path) -> BinaryIO:
             raise ValueError(f"{path}: reading .zst needs `pip install zstandard`") from None
         return io.BufferedReader(zstandard.open(path, "rb"))
     return open(path, "rb")
+
+
+def plural(count: int, noun: str) -> str:
+    """ "1 document", "2,000 documents"."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"

@@ -30,6 +30,7 @@ from tqdm import tqdm
 from .chat import ChatTemplate, encode_example, read_records, template_beside
 from .documents import BadRecord, is_validation
 from .shards import CHUNK_BYTES, DTYPES, SPLITS, TOKENIZER_FILE, Codec, Manifest, Shard, file_sha256
+from .sources import plural
 
 if TYPE_CHECKING:
     import torch
@@ -222,7 +223,8 @@ def write_examples(
     say(
         f"encoded {sum(manifest.documents.values()):,} examples, {tokens:,} tokens "
         f"({counts['trained_tokens'] / max(tokens, 1):.1%} trained), in "
-        f"{time.perf_counter() - started:.1f} s; {describe_left_out(manifest)}"
+        f"{time.perf_counter() - started:.1f} s; "
+        f"{describe_left_out(manifest, options.max_example_tokens)}"
     )
     return manifest
 
@@ -234,15 +236,22 @@ def check_examples(counts: Counter[str], options: Options) -> None:
         ValueError: no training or no validation example.
     """
     left = counts["train_examples"] + counts["val_examples"]
-    too_long = counts["dropped_too_long"]
+    too_long, untrained = counts["dropped_too_long"], counts["dropped_nothing_trained"]
+    limit = options.max_example_tokens
     if not left:
-        hint = (
-            f"; {too_long:,} were longer than --max-example-tokens {options.max_example_tokens}: "
-            "raise it (and block_size) or pass --too-long truncate"
-            if too_long
-            else ""
-        )
-        raise ValueError(f"no example is left to train on{hint}")
+        hints = []
+        if too_long:
+            hints.append(
+                f"{plural(too_long, 'example')} longer than --max-example-tokens {limit}: raise "
+                "it (and block_size) or pass --too-long truncate"
+            )
+        if untrained:
+            hints.append(
+                f"{plural(untrained, 'example')} with no trained token in their first {limit} "
+                "tokens (the replies come after the cut): raise --max-example-tokens and "
+                "block_size"
+            )
+        raise ValueError("no example is left to train on" + "".join(f"; {h}" for h in hints))
     for split, name in (("train", "training"), ("val", "validation")):
         if not counts[f"{split}_examples"]:
             raise ValueError(
@@ -251,19 +260,26 @@ def check_examples(counts: Counter[str], options: Options) -> None:
             )
 
 
-def describe_left_out(manifest: Manifest) -> str:
-    """What prepare left out of the examples, in words ("nothing left out" if nothing)."""
+def describe_left_out(manifest: Manifest, limit: int) -> str:
+    """What prepare left out of the examples, in words ("nothing left out" if nothing), with
+    what to change where more than a tenth of them were too long for `limit` tokens."""
     skipped = manifest.skipped
     parts = [
         f"{skipped.get(key, 0):,} {what}"
         for key, what in (
             ("records", "bad record(s) skipped"),
-            ("dropped_too_long", "too long, dropped"),
-            ("truncated", "too long, truncated"),
+            ("dropped_too_long", f"longer than {limit} tokens, dropped"),
+            ("truncated", f"longer than {limit} tokens, truncated"),
             ("dropped_nothing_trained", "with no trained token left, dropped"),
         )
         if skipped.get(key)
     ]
+    too_long = skipped.get("dropped_too_long", 0) + skipped.get("truncated", 0)
+    if too_long * 10 > too_long + sum(manifest.documents.values()):
+        parts.append(
+            "raise --max-example-tokens and block_size (the model's context allows "
+            "init_from's max_position_embeddings) to keep more of them whole"
+        )
     return "; ".join(parts) or "nothing left out"
 
 

@@ -67,7 +67,7 @@ from .shards import (
     file_sha256,
     manifest_at,
 )
-from .sources import Sources, compression, find_sources, source_kind
+from .sources import Sources, compression, find_sources, plural, source_kind
 from .survey import NAMED, Survey, survey_source
 
 DOCUMENT_BYTES = 1 << 20  # a text file is cut into documents of about this, at line breaks
@@ -479,11 +479,6 @@ def survey_budget(budget: tuple[Path, int | None], **settings: Any) -> Survey:
     map over."""
     path, limit = budget
     return survey_source(path, limit=limit, **settings)
-
-
-def plural(count: int, noun: str) -> str:
-    """ "1 document", "2,000 documents"."""
-    return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
 def source_record(survey: Survey) -> dict[str, Any]:
