@@ -18,6 +18,7 @@ from transformers import PreTrainedTokenizerFast
 
 from fabric_lm_fsdp2_fp32.corpus import IGNORE_INDEX, Codec, ExampleRows, prepare, read_manifest
 from fabric_lm_fsdp2_fp32.corpus.chat import ChatTemplate, encode_example
+from fabric_lm_fsdp2_fp32.corpus.examples import packed_rows
 from fabric_lm_fsdp2_fp32.data import NUM_CLASSES
 from fabric_lm_fsdp2_fp32.engine import build_on_meta, materialize
 from fabric_lm_fsdp2_fp32.task import loss_fn
@@ -137,6 +138,18 @@ def test_prepare_writes_masked_examples_and_counts_what_it_left_out(prepared_cha
         assert "name a prime" not in trained and "be brief" not in trained
 
 
+def test_packing_places_every_example_once_in_rows_it_fits():
+    lengths = np.random.default_rng(0).integers(1, 65, size=500)
+    row_first, members = packed_rows(lengths, 64)
+    assert sorted(members.tolist()) == list(range(500)), "each example in one row, once"
+    bounds = zip(row_first[:-1], row_first[1:], strict=True)
+    used = [int(lengths[members[a:b]].sum()) for a, b in bounds]
+    assert max(used) <= 64
+    assert len(used) < 1.1 * lengths.sum() / 64 + 1, "rows nearly full"
+    one_by_one, _ = packed_rows(lengths, 64, window=1)  # consecutive examples only
+    assert len(used) < len(one_by_one) - 1
+
+
 def packed_pair(config, first: list[int], second: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """One row holding two examples, then padding: tokens and documents `[1, T]`."""
     length = config.block_size
@@ -192,7 +205,7 @@ def test_the_loss_is_the_replies_alone_and_user_turns_give_no_gradient(config, p
     expected = torch.full_like(targets, IGNORE_INDEX)
     for row in range(3):
         at = 0
-        for example in range(int(rows.row_first[row]), int(rows.row_first[row + 1])):
+        for example in rows.row(row).tolist():
             start, end = starts[example], starts[example + 1]
             for t in range(start, end - 1):
                 if mask[t + 1]:

@@ -9,8 +9,8 @@ number, as for text.
 
 A row's targets are its inputs shifted left by one token within each example; a target is
 IGNORE_INDEX where its token is not trained (the prompt, a user's turn, the system message),
-after an example's last token, and on padding. Packed, a row holds consecutive examples in the
-prepared order (greedily: the next example starts a new row when it does not fit), and comes
+after an example's last token, and on padding. Packed, a row holds whole examples one after
+another (`packed_rows`: first fit over the last rows opened, in the prepared order), and comes
 with its `documents` (packing.py), so that no example attends to another.
 """
 
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from .pipeline import Options
 
 IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index: a target that counts for nothing
+PACKING_WINDOW = 64  # open rows an example may join (`packed_rows`)
 NAMED = 5  # bad records named in a message
 
 
@@ -318,22 +319,28 @@ class ExampleRows:
                 f"block_size={block_size}; prepare it again with --max-example-tokens "
                 f"{block_size}, or raise block_size"
             )
-        self.row_first = (
-            packed_rows(self.length, block_size) if pack else np.arange(len(self.length) + 1)
+        every = np.arange(len(self.length), dtype=np.int64)
+        self.row_first, self.members = (
+            packed_rows(self.length, block_size) if pack else (np.arange(len(every) + 1), every)
         )
 
     def __len__(self) -> int:
         return len(self.row_first) - 1
 
+    def row(self, index: int) -> np.ndarray:
+        """The examples of row `index`, in the order they sit in it."""
+        return self.members[self.row_first[index] : self.row_first[index + 1]]
+
     def padding_share(self, pack: bool | None = None) -> float:
         """The share of the rows' positions that are padding, packed or (`pack=False`) one
         example a row."""
         pack = self.pack if pack is None else pack
-        rows = (
-            len(self)
-            if pack == self.pack
-            else (len(packed_rows(self.length, self.block_size)) - 1 if pack else len(self.length))
-        )
+        if pack == self.pack:
+            rows = len(self)
+        else:
+            rows = (
+                len(packed_rows(self.length, self.block_size)[0]) - 1 if pack else len(self.length)
+            )
         return 1 - float(self.length.sum()) / max(rows * self.block_size, 1)
 
     def __getitem__(self, indices: list[int]) -> tuple[Any, torch.Tensor]:
@@ -347,7 +354,7 @@ class ExampleRows:
         inputs = np.full(shape, self.pad_id, dtype=np.int64)
         targets = np.full(shape, IGNORE_INDEX, dtype=np.int64)
         documents = np.empty(shape, dtype=np.int64)
-        examples = [range(self.row_first[row], self.row_first[row + 1]) for row in rows]
+        examples = [self.row(int(row)) for row in rows]
         needed = sorted({int(self.shard_of[e]) for row in examples for e in row})
         for shard in needed:  # each shard mapped once per batch, unmapped before the next
             tokens = np.memmap(self.data_dir / self.shards[shard].file, self.dtype, mode="r")
@@ -367,7 +374,7 @@ class ExampleRows:
                     at += length
             del tokens, mask
         for b, row in enumerate(examples):  # padding: one more document of its own
-            used = int(self.length[list(row)].sum()) if len(row) else 0
+            used = int(self.length[row].sum())
             documents[b, used:] = len(row)
         batch = torch.from_numpy(inputs), torch.from_numpy(targets)
         if not self.pack:
@@ -375,14 +382,31 @@ class ExampleRows:
         return (batch[0], torch.from_numpy(documents)), batch[1]
 
 
-def packed_rows(lengths: np.ndarray, block_size: int) -> np.ndarray:
-    """Where each packed row starts, in examples, then the number of examples: int64
-    `[rows + 1]`. Rows take consecutive examples in order while they fit in `block_size`
-    tokens (each example is at most that long)."""
-    firsts, used = [0], 0
+def packed_rows(
+    lengths: np.ndarray, block_size: int, window: int = PACKING_WINDOW
+) -> tuple[np.ndarray, np.ndarray]:
+    """Examples packed into rows of `block_size` tokens (each example is at most that long):
+    (`row_first`, `members`), int64: row r holds examples `members[row_first[r]:row_first[r +
+    1]]`. In the prepared order, each example goes into the first of the last `window` rows
+    opened that still has room for it, else opens a row (first fit over a bounded window: most
+    of first-fit's fill, in one pass, nearly in order); a row left behind by the window is
+    final. A function of the lengths alone, so the rows are the same at any world size."""
+    rows: list[list[int]] = []
+    room: list[int] = []  # of the open rows (the last `window` opened), in opening order
+    opened = 0  # index in `rows` of the first open row
     for index, length in enumerate(lengths.tolist()):
-        if used + length > block_size:
-            firsts.append(index)
-            used = 0
-        used += length
-    return np.asarray([*firsts, len(lengths)] if len(lengths) else [0], dtype=np.int64)
+        for offset, left in enumerate(room):
+            if length <= left:
+                rows[opened + offset].append(index)
+                room[offset] = left - length
+                break
+        else:
+            rows.append([index])
+            room.append(block_size - length)
+            if len(room) > window:
+                room.pop(0)
+                opened += 1
+    sizes = np.asarray([len(row) for row in rows], dtype=np.int64)
+    row_first = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    members = np.asarray([index for row in rows for index in row], dtype=np.int64)
+    return row_first, members
