@@ -161,21 +161,29 @@ def chat_records(count: int) -> list[dict]:
     return records
 
 
+def chat_model_and_data(model: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the model folder `model` with a chat template, and chat records prepared with
+    its tokenizer into masked examples: the folder and the corpus."""
+    folder = copy_folder(model, tmp_path / "chat-model")
+    template = jinja("<% for m in messages %><< m['content'] + eos_token >><% endfor %>")
+    config_file = folder / "tokenizer_config.json"
+    config_file.write_text(json.dumps({"chat_template": template, "eos_token": END_OF_TEXT}))
+    records = tmp_path / "chat.jsonl"
+    records.write_text("".join(json.dumps(record) + "\n" for record in chat_records(400)))
+    tokenizer = str(folder / "tokenizer.json")
+    options = {"format": "chat", "tokenizer": tokenizer, "max_example_tokens": 32}
+    prepare([str(records)], tmp_path / "data", val_fraction=0.1, **options)
+    return folder, tmp_path / "data"
+
+
 def test_a_run_from_an_import_exports_a_folder_transformers_loads_with_its_logits(
     config, hub_folders, tmp_path
 ):
     """The fine-tuning path end to end: a model folder with a chat template, chat records
     prepared into masked examples, trained packed, then exported."""
-    folder = copy_folder(hub_folders["llama"][0], tmp_path / "chat-model")
-    template = jinja("<% for m in messages %><< m['content'] + eos_token >><% endfor %>")
+    folder, data_dir = chat_model_and_data(hub_folders["llama"][0], tmp_path)
     config_file = folder / "tokenizer_config.json"
-    config_file.write_text(json.dumps({"chat_template": template, "eos_token": END_OF_TEXT}))
-    run_dir, data_dir = tmp_path / "run", tmp_path / "data"
-    tokenizer = folder / "tokenizer.json"
-    records = tmp_path / "chat.jsonl"
-    records.write_text("".join(json.dumps(record) + "\n" for record in chat_records(400)))
-    options = {"format": "chat", "tokenizer": str(tokenizer), "max_example_tokens": 32}
-    prepare([str(records)], data_dir, val_fraction=0.1, **options)
+    run_dir, tokenizer = tmp_path / "run", folder / "tokenizer.json"
     settings = [f"init_from={folder}", "model_family=llama", f"tokenizer={tokenizer}"]
     run_training(*settings, f"data_dir={data_dir}", f"run_dir={run_dir}", "max_steps=3")
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -269,13 +277,14 @@ def folder_bytes(folder: Path) -> int:
 def test_a_lora_run_trains_its_adapters_only_resumes_bitwise_and_exports_for_peft(
     hub_folders, tmp_path
 ):
-    """finetune = lora on an imported Llama: the folder's weights stay as they are, the
-    adapters train, a resume ends bitwise where the straight run ends, the checkpoints hold
-    the adapters, and the export is PEFT's adapter, or the merged model transformers loads."""
-    folder = copy_folder(hub_folders["llama"][0], tmp_path / "model")
+    """finetune = lora on an imported Llama, on packed chat examples: the folder's weights
+    stay as they are, the adapters train, a resume from the middle of an epoch ends bitwise
+    where the straight run ends, the checkpoints hold the adapters, and the export is PEFT's
+    adapter, or the merged model transformers loads."""
+    folder, data_dir = chat_model_and_data(hub_folders["llama"][0], tmp_path)
     tokenizer = folder / "tokenizer.json"
     lora = [f"init_from={folder}", "model_family=llama", f"tokenizer={tokenizer}"]
-    lora += ["finetune=lora", "lora_rank=4", f"data_dir={tmp_path / 'data'}", "max_steps=4"]
+    lora += ["finetune=lora", "lora_rank=4", f"data_dir={data_dir}", "max_steps=4"]
     lora += ["lr=0.01", "warmup_steps=1", "val_every=2", "checkpoint_every=2"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     run_training(*lora, f"run_dir={straight}")

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from torch.optim.lr_scheduler import LRScheduler
 
-from .checkpoint import Checkpointer, CheckpointManager, fit_to_checkpoint, start_or_resume
+from .checkpoint import Checkpointer, CheckpointManager, config_to_resume, start_or_resume
 from .config import Config, parse_command_line, user_errors
 from .data import build_datasets
 from .engine import Engine, build_on_meta, keep_freed_memory
@@ -69,7 +69,7 @@ class Trainer:
         if runtime.device.type == "cpu":  # activations in host memory: keep them mapped
             keep_freed_memory()
         # The batch split a checkpoint of another world size needs, before anything uses it.
-        config = fit_to_checkpoint(config, runtime.world_size, resume)
+        config = config_to_resume(config, runtime.world_size, resume)
         seed_all(config.seed)  # the same split and first shuffle on every rank
         self.config, self.runtime = config, runtime
         train_set, val_set = build_datasets(config)

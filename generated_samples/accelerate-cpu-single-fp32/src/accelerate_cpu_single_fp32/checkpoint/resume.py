@@ -7,14 +7,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 from ..config import Config
 from ..runtime import Runtime
 from ..training.optim import respan
 from ..training.run_folder import fresh_start_refusal
 from ..training.state import TrainState
-from .store import FORMAT_VERSION, SCAFFOLD_RELEASE, Checkpoint, CheckpointManager
-from .world_size import BATCH_SPLIT, WorldSizeChange, saved_global_batch, world_size_refusal
+from .store import FORMAT_VERSION, SCAFFOLD_RELEASE, Checkpoint, CheckpointManager, find_latest
+from .world_size import (
+    BATCH_SPLIT,
+    WorldSizeChange,
+    fit_to_checkpoint,
+    saved_global_batch,
+    world_size_refusal,
+)
 
 # Settings a resume must share with the checkpoint: they fix the data order, the model's shape,
 # and the optimizer and LR schedule that the checkpoint restores (a changed lr or epochs would
@@ -111,6 +118,22 @@ def data_change(checkpoint: Checkpoint, config: Config) -> str | None:
             "with the checkpoint's weights and optimizer, or pass run_dir=NEW"
         )
     return description
+
+
+def config_to_resume(config: Config, world_size: int, resume: bool) -> Config:
+    """`fit_to_checkpoint`'s config; with `resume`, the latest checkpoint refused at once where
+    `check_resumable` would refuse it, before any model is built or weights are read: a
+    changed setting, init_from or data is said in a second, not after a large model has
+    loaded. `start_or_resume` checks every checkpoint it tries again.
+
+    Raises:
+        ValueError: what `fit_to_checkpoint` or `check_resumable` raises.
+    """
+    config = fit_to_checkpoint(config, world_size, resume)
+    latest = find_latest(Path(config.run_dir) / "checkpoints") if resume else None
+    if latest is not None:
+        check_resumable(latest, config, world_size)
+    return config
 
 
 def start_or_resume(

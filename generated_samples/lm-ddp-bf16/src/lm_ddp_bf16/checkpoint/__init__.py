@@ -2,7 +2,7 @@
 found, keep-N), when a run saves (`schedule.py`), a resume's refusals and restore (`resume.py`)
 and a resume on another number of processes (`world_size.py`)."""
 
-from .resume import start_or_resume
+from .resume import config_to_resume, start_or_resume
 from .schedule import Checkpointer
 from .store import (
     COMPLETE_MARKER,
@@ -23,6 +23,7 @@ __all__ = [
     "LAST_WEIGHTS_FILE",
     "TRAINER_FILE",
     "WEIGHTS_FILE",
+    "config_to_resume",
     "find_latest",
     "fit_to_checkpoint",
     "split_global_batch",
