@@ -19,6 +19,7 @@ Nothing here imports torch: prepare's processes import it.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -149,13 +150,9 @@ class ChatTemplate:
         return text, spans
 
 
-_COMPILED: dict[str, Any] = {}
-
-
+@functools.cache
 def compiled(source: str) -> Any:
     """The jinja2 Template of a chat template's `source`, compiled once per process."""
-    if source in _COMPILED:
-        return _COMPILED[source]
     import jinja2
     from jinja2.ext import Extension, loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -190,10 +187,9 @@ def compiled(source: str) -> Any:
     environment.globals["raise_exception"] = raise_exception
     environment.globals["strftime_now"] = lambda format: datetime.now().strftime(format)
     try:
-        _COMPILED[source] = environment.from_string(source)
+        return environment.from_string(source)
     except jinja2.TemplateSyntaxError as error:
         raise ValueError(f"the chat template is not valid Jinja ({error})") from None
-    return _COMPILED[source]
 
 
 def token_mask(ends: list[int], spans: list[tuple[int, int]]) -> np.ndarray:

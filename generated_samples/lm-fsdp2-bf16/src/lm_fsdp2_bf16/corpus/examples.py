@@ -334,8 +334,7 @@ class ExampleRows:
     def padding_share(self, pack: bool | None = None) -> float:
         """The share of the rows' positions that are padding, packed or (`pack=False`) one
         example a row."""
-        pack = self.pack if pack is None else pack
-        if pack == self.pack:
+        if pack is None or pack == self.pack:
             rows = len(self)
         else:
             rows = (
