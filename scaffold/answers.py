@@ -205,6 +205,8 @@ PROJECT_IMPORTS = frozenset(
         "torch",
         "numpy",
         "sklearn",
+        "torchvision",  # the image projects' transforms
+        "PIL",  # Pillow: the image projects' decoder
         "tqdm",
         "safetensors",
         "tensorboard",
@@ -239,7 +241,10 @@ RESERVED_PACKAGE_NAMES = STDLIB_MODULES | PROJECT_IMPORTS | ENVIRONMENT_MODULES 
 # Distribution names (PEP 503 normalised) of the rendered project's requirements: a project of
 # the same name would require itself.
 TEST_HELPERS = frozenset({"conftest", "launcher", "rank_probe"})  # tests/, not installed
-PROJECT_DISTRIBUTIONS = (PROJECT_IMPORTS - {"sklearn"} - TEST_HELPERS) | {"scikit-learn"}
+PROJECT_DISTRIBUTIONS = (PROJECT_IMPORTS - {"sklearn", "PIL"} - TEST_HELPERS) | {
+    "scikit-learn",
+    "pillow",
+}
 # File names Windows reserves in every folder (with any extension), case-insensitively.
 WINDOWS_DEVICE_NAMES = frozenset(
     {"con", "prn", "aux", "nul"} | {f"{port}{n}" for port in ("com", "lpt") for n in range(1, 10)}

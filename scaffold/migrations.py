@@ -51,6 +51,18 @@ NOTES: dict[str, str] = {
         "those files, the update merges these changes beside your edits; a text corpus trains "
         "as before"
     ),
+    "0.5.0": (
+        "image projects read real images: python -m <package>.prepare decodes class folders or "
+        "tables of paths and labels into uint8 shards (images/), and data_dir in "
+        "configs/train.toml trains on them, augmented with torchvision's transforms.v2. "
+        "torchvision and Pillow are new dependencies: run pip install -e . again (torch and "
+        "torchvision from the same index). data.py gains input_spec (model.py's build_model "
+        "reads the classes and channels from it) and seeds each digit's random shift by "
+        "(seed, epoch, index): a run resumed from an older checkpoint continues with other "
+        "shifts than it would have drawn. model.py averages the last feature map down to 4x4 "
+        "(the identity on the digits). state_io.py holds the prepared folders' scratch and "
+        "replace helpers that corpus/pipeline.py held"
+    ),
 }
 
 # version → {old path: new path}, relative to the project; "{package}" is the package's name.

@@ -1,4 +1,5 @@
-# Sourced by scripts/demo.sh and scripts/test.sh: create or reuse .venv with everything installed.
+# Sourced by scripts/demo.sh and scripts/test.sh: create or reuse .venv with everything installed,
+# and .venv-vision beside it for the image projects.
 # torch is installed first and pinned (2.13.0, the CPU build on this project's machines), so
 # nothing later can pull a multi-GB CUDA build. Re-installs when pyproject.toml changes.
 set -euo pipefail
@@ -24,6 +25,31 @@ if [ ! -x "$PY" ] || [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
     "$PY" -m pip install --quiet --disable-pip-version-check -e "$ROOT[dev]"
     echo "$WANT" > "$STAMP"
 fi
+# The image projects' environment: torchvision's compiled ops load only beside the torch build
+# they were compiled with, which the CPU build above is not ('operator torchvision::nms does not
+# exist'). .venv-vision holds a matching pair from PyPI (the CUDA build, which runs on a CPU;
+# ~50 s and 5.5 GB from this machine's disk) with timm, and reads everything else from .venv's
+# site-packages after its own (the .pth below), so nothing else is installed twice. The matrix
+# runs the image variants' suites with it (tests/conftest.py: project_python).
+VISION_VENV="${SCAFFOLD_VISION_VENV:-$ROOT/.venv-vision}"
+VISION_STAMP="$VISION_VENV/.scaffold-installed"
+VISION_WANT="$WANT $(cat "$ROOT/scripts/vision-requirements.txt" | cksum)"
+if [ ! -x "$VISION_VENV/bin/python" ] || [ ! -f "$VISION_STAMP" ] \
+    || [ "$(cat "$VISION_STAMP")" != "$VISION_WANT" ]; then
+    echo "setting up $VISION_VENV (torch and torchvision for the image projects)" >&2
+    rm -rf "$VISION_VENV"
+    python3 -m venv "$VISION_VENV"
+    "$VISION_VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+        -r "$ROOT/scripts/vision-requirements.txt"
+    # DeepSpeed imports triton where it is installed, and the CUDA build's triton fails to
+    # import without a GPU (scripts/dependency_ends.py does the same).
+    "$VISION_VENV/bin/python" -m pip uninstall --quiet --disable-pip-version-check -y triton
+    MAIN_PACKAGES="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    VISION_PACKAGES="$("$VISION_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    echo "import site; site.addsitedir('$MAIN_PACKAGES')" > "$VISION_PACKAGES/zz-scaffold-dev.pth"
+    echo "$VISION_WANT" > "$VISION_STAMP"
+fi
+export SCAFFOLD_VISION_PYTHON="$VISION_VENV/bin/python"
 # The venv's tools first, for this script and every process it starts: torch builds DeepSpeed's
 # ops with the first `ninja` on PATH, and a system ninja (1.11, build log v5) next to the venv's
 # (1.13, log v7) makes each process discard the other's build log and recompile (~30-55 s).

@@ -117,12 +117,28 @@ def run_scaffold(
     )
 
 
+def project_python(project: Path) -> str:
+    """The Python that runs a rendered project: this one, or for an image project the one of
+    .venv-vision (scripts/_venv.sh: torchvision loads only beside the torch build it was
+    compiled for, and this environment's is PyTorch's CPU build)."""
+    answers = (project / ".copier-answers.yml").read_text()
+    if "task: image-classification" not in answers.splitlines():
+        return sys.executable
+    vision = os.environ.get("SCAFFOLD_VISION_PYTHON", str(VISION_PYTHON))
+    if not Path(vision).is_file():
+        pytest.fail(f"{vision} not found: run scripts/test.sh once, which sets it up")
+    return vision
+
+
+VISION_PYTHON = REPO_ROOT / ".venv-vision" / "bin" / "python"
+
+
 def run_in_project(project: Path, *command: str) -> subprocess.CompletedProcess:
     """Run `python COMMAND...` inside a rendered project with its `src/` importable."""
     # One torch thread per process: pytest-xdist already runs one variant per core.
     env = {**os.environ, "PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [sys.executable, *command], cwd=project, env=env, capture_output=True, text=True
+        [project_python(project), *command], cwd=project, env=env, capture_output=True, text=True
     )
 
 

@@ -100,15 +100,24 @@ def test_the_families_cover_every_engine_of_every_sample_once():
 
 
 def test_the_development_pins_a_readme_names_are_scaffolds_own():
+    """The image projects' torch is .venv-vision's (scripts/vision-requirements.txt), the
+    others' scaffold's dev extra's."""
     dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     exact = {Requirement(line).name: Requirement(line).specifier for line in dev["dev"]}
+    vision_lines = (ROOT / "scripts" / "vision-requirements.txt").read_text().splitlines()
+    vision = {
+        Requirement(line).name: Requirement(line).specifier
+        for line in vision_lines
+        if line and not line.startswith("#")
+    }
     for variant in ["fabric-lm-fsdp2-fp32", "lm-zero3-bf16", "accelerate-cuda-ddp-bf16"]:
         readme = (SAMPLES / variant / "README.md").read_text().replace("\n", " ")
         named = re.search(r"development pins \(([^)]*)\)", readme).group(1)
         assert len(named.split(", ")) == 2, named  # torch and the engine's library
+        pins = {**exact, **(vision if answers(variant)["task"] == "image-classification" else {})}
         for item in named.split(", "):
             name, version = item.lower().split(" ")
-            assert str(exact[name]) == f"=={version}", f"{variant}: {item}"
+            assert str(pins[name]) == f"=={version}", f"{variant}: {item}"
 
 
 def test_the_summary_line_of_pytest_becomes_counts():

@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, isolate_home, ruff, run_in_project, run_project_tests
+from conftest import (
+    REPO_ROOT,
+    VISION_PYTHON,
+    isolate_home,
+    ruff,
+    run_in_project,
+    run_project_tests,
+)
 from filelock import FileLock
 from repeats import (
     Footprint,
@@ -125,17 +132,32 @@ def this_workers_share_first(variants: list[str]) -> list[str]:
     return variants[start:] + variants[:start]
 
 
-def start_ops_build(folder: Path) -> None:
-    """Compile DeepSpeed's CPU ops in the background, once for all workers, while the matrix
-    runs the variants queued before the ZeRO ones: a rendered test that loaded them first would
-    wait on torch's build lock inside its own time limit. The build's output goes to
-    `folder/ops.log`, its exit status to `folder/ops.status` (`wait_for_ops`)."""
-    log = folder / "ops.log"
-    with FileLock(folder / "ops.lock"):
+def ops_python(variant: str) -> str:
+    """The Python whose torch the variant's suite runs on (`project_python`): the ops are
+    compiled once per torch build. Named without rendering the variant."""
+    if VARIANTS[variant]["task"] == "image-classification":
+        return os.environ.get("SCAFFOLD_VISION_PYTHON", str(VISION_PYTHON))
+    return sys.executable
+
+
+def ops_name(python: str) -> str:
+    """The file names of one Python's ops build: `ops` for this one's, `ops-vision` else."""
+    return "ops" if python == sys.executable else "ops-vision"
+
+
+def start_ops_build(folder: Path, python: str) -> None:
+    """Compile DeepSpeed's CPU ops for `python`'s torch in the background, once for all
+    workers, while the matrix runs the variants queued before the ZeRO ones: a rendered test
+    that loaded them first would wait on torch's build lock inside its own time limit. The
+    build's output goes to `folder/<ops_name>.log`, its exit status to `.status` beside it
+    (`wait_for_ops`)."""
+    name = ops_name(python)
+    log = folder / f"{name}.log"
+    with FileLock(folder / f"{name}.lock"):
         if log.exists():
             return
         command = '"$0" "$1" >"$2" 2>&1; echo $? >"$3.part" && mv "$3.part" "$3"'
-        arguments = [sys.executable, str(OPS_BUILD), str(log), str(folder / "ops.status")]
+        arguments = [python, str(OPS_BUILD), str(log), str(folder / f"{name}.status")]
         log.touch()
         # torch builds with the first `ninja` on PATH: this interpreter's, as in every test
         # process (scripts/_venv.sh says why a system one beside it would rebuild the ops).
@@ -144,13 +166,15 @@ def start_ops_build(folder: Path) -> None:
         subprocess.Popen(["bash", "-c", command, *arguments], env=env, start_new_session=True)
 
 
-def wait_for_ops(folder: Path) -> None:
-    """Return once `start_ops_build`'s build has succeeded; fail the test if it failed."""
-    status, deadline = folder / "ops.status", time.monotonic() + OPS_BUILD_SECONDS
+def wait_for_ops(folder: Path, python: str) -> None:
+    """Return once `start_ops_build`'s build for `python` has succeeded; fail the test if it
+    failed."""
+    name = ops_name(python)
+    status, deadline = folder / f"{name}.status", time.monotonic() + OPS_BUILD_SECONDS
     while not status.is_file():
         assert time.monotonic() < deadline, f"DeepSpeed's ops not built in {OPS_BUILD_SECONDS} s"
         time.sleep(1)
-    log = (folder / "ops.log").read_text()
+    log = (folder / f"{name}.log").read_text()
     assert status.read_text().strip() == "0", f"building DeepSpeed's CPU ops failed:\n{log[-3000:]}"
 
 
@@ -179,8 +203,8 @@ def matrix(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     beside the renders."""
     folder = shared_folder(tmp_path_factory)
     variants = selected_variants(request.session)
-    if any(loads_deepspeed_ops(variant) for variant in variants):
-        start_ops_build(folder)
+    for python in {ops_python(variant) for variant in variants if loads_deepspeed_ops(variant)}:
+        start_ops_build(folder, python)
     with pytest.MonkeyPatch.context() as monkeypatch:
         isolate_home(tmp_path_factory.mktemp("render-home"), monkeypatch)
         for variant in this_workers_share_first(variants):
@@ -203,7 +227,7 @@ def pytest_summary_line(result: subprocess.CompletedProcess) -> str:
 def test_variant_renders_lints_and_passes_its_own_tests(matrix, variant, record_property):
     project = matrix.project(variant)
     if loads_deepspeed_ops(variant):
-        wait_for_ops(matrix.folder)
+        wait_for_ops(matrix.folder, ops_python(variant))
     started = time.monotonic()
     assert ruff(project, "check").returncode == 0
     assert ruff(project, "format", "--check").returncode == 0

@@ -46,13 +46,13 @@ from fabric_lm_fsdp2_fp32.corpus import (
     text_layout,
 )
 from fabric_lm_fsdp2_fp32.corpus import jobs as prepare_jobs
-from fabric_lm_fsdp2_fp32.corpus.pipeline import remove_stale_scratch
 from fabric_lm_fsdp2_fp32.data import build_datasets
 from fabric_lm_fsdp2_fp32.generate import generate
 from fabric_lm_fsdp2_fp32.generate import main as generate_main
 from fabric_lm_fsdp2_fp32.model import build_model
 from fabric_lm_fsdp2_fp32.prepare import main
 from fabric_lm_fsdp2_fp32.runtime import init_runtime
+from fabric_lm_fsdp2_fp32.state_io import remove_stale_scratch
 from fabric_lm_fsdp2_fp32.train import Trainer
 
 HINT = "run prepare"

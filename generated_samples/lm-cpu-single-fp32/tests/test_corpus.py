@@ -46,13 +46,13 @@ from lm_cpu_single_fp32.corpus import (
     text_layout,
 )
 from lm_cpu_single_fp32.corpus import jobs as prepare_jobs
-from lm_cpu_single_fp32.corpus.pipeline import remove_stale_scratch
 from lm_cpu_single_fp32.data import build_datasets
 from lm_cpu_single_fp32.generate import generate
 from lm_cpu_single_fp32.generate import main as generate_main
 from lm_cpu_single_fp32.model import build_model
 from lm_cpu_single_fp32.prepare import main
 from lm_cpu_single_fp32.runtime import init_runtime
+from lm_cpu_single_fp32.state_io import remove_stale_scratch
 from lm_cpu_single_fp32.train import Trainer
 
 HINT = "run prepare"

@@ -46,13 +46,13 @@ from lm_ddp_bf16.corpus import (
     text_layout,
 )
 from lm_ddp_bf16.corpus import jobs as prepare_jobs
-from lm_ddp_bf16.corpus.pipeline import remove_stale_scratch
 from lm_ddp_bf16.data import build_datasets
 from lm_ddp_bf16.generate import generate
 from lm_ddp_bf16.generate import main as generate_main
 from lm_ddp_bf16.model import build_model
 from lm_ddp_bf16.prepare import main
 from lm_ddp_bf16.runtime import init_runtime
+from lm_ddp_bf16.state_io import remove_stale_scratch
 from lm_ddp_bf16.train import Trainer
 
 HINT = "run prepare"

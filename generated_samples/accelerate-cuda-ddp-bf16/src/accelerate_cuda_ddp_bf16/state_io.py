@@ -6,14 +6,19 @@ tensor, number, string, list or dict, so `torch.load(path, weights_only=True)` l
 pickled code runs on load.
 
 torch is imported where a tensor is saved or loaded, not with this module: a process that only
-writes text with `atomic_write_text` (a data preparation's worker) runs without it.
+writes text with `atomic_write_text` (a data preparation's worker) runs without it. A prepared
+data folder is written whole in a scratch folder beside it and renamed into place
+(`scratch_folder`, `replace_folder`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -103,3 +108,79 @@ def full_disk_exits() -> Iterator[None]:
         if error.errno not in FULL_DISK:
             raise
         raise SystemExit(f"error: {error.strerror or error}") from None
+
+
+# --- a prepared data folder, replaced whole ---
+
+
+@contextlib.contextmanager
+def scratch_folder(out: Path) -> Iterator[Path]:
+    """A hidden temporary folder beside `out` (`.<name>.partial-*`), locked while this process
+    uses it (`remove_stale_scratch` tells it from one an interrupted prepare left, and removes
+    those first) and removed on the way out, whatever happens. Setting it up holds a lock on
+    the parent folder: every rank of a first run may prepare the same data at once."""
+    with contextlib.ExitStack() as stack:
+        with locked(out.parent, wait=True):
+            remove_stale_scratch(out)
+            scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+            umask = os.umask(0)
+            os.umask(umask)
+            scratch.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the data from others
+            stack.enter_context(locked(scratch, wait=True))
+        try:
+            yield scratch
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def remove_stale_scratch(out: Path) -> list[Path]:
+    """Remove the temporary folders of `out` that no live prepare holds (what a killed or
+    interrupted one left); return them. One whose lock cannot be tested (a file system
+    without locks) is kept."""
+    removed = []
+    for folder in out.parent.glob(f".{out.name}.partial-*"):
+        with locked(folder, wait=False) as free:
+            if free:
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(folder)
+    return removed
+
+
+@contextlib.contextmanager
+def locked(folder: Path, wait: bool) -> Iterator[bool]:
+    """Hold an exclusive `flock` on `folder` inside; yields whether it is held: False where
+    another process holds it (and not `wait`), where the folder is gone, or where its file
+    system cannot lock."""
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:
+        yield False
+        return
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        held = True
+    except OSError:  # BlockingIOError: another holds it; others: no locks here
+        held = False
+    try:
+        yield held
+    finally:
+        os.close(descriptor)  # drops the lock
+
+
+def replace_folder(scratch: Path, out: Path, marker: str) -> None:
+    """Put the complete folder `scratch` at `out`: renamed into place, the folder it replaces
+    (if any) removed after. A process that prepared the same data at the same time (every rank
+    of a first run) may have put it there first (`out/marker`, the file written last, exists):
+    then `out` is kept."""
+    if out.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        with contextlib.suppress(FileNotFoundError):  # another process moved it a moment ago
+            out.rename(old / out.name)
+    try:
+        scratch.rename(out)
+    except OSError:
+        if not (out / marker).is_file():
+            raise
+    if out.exists():
+        for old in out.parent.glob(f".{out.name}.old-*"):
+            shutil.rmtree(old, ignore_errors=True)

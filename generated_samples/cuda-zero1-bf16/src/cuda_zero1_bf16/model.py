@@ -28,27 +28,40 @@ import torch
 from torch import Tensor, nn
 
 from .config import Config, parse_param_count
-from .data import IMAGE_SHAPE, NUM_CLASSES
+from .data import IMAGE_SHAPE, NUM_CLASSES, input_spec
+
+POOLED = 4  # the side of the feature map the head reads
 
 
 class DigitsCNN(nn.Module):
-    """Three 3x3 conv blocks and a linear head: `[B, 1, 8, 8]` float -> logits `[B, classes]`.
+    """Three 3x3 conv blocks and a linear head: `[B, *IMAGE_SHAPE]` float -> logits
+    `[B, classes]`. The digits' 8x8 come to 4x4 after the max-pooling; larger images are
+    averaged down to 4x4 before the head (`AdaptiveAvgPool2d`), so the head's size does not
+    grow with the image.
 
     GroupNorm rather than BatchNorm (see the contract above).
     """
 
-    def __init__(self, width: int, num_classes: int = NUM_CLASSES, dropout: float = 0.1):
+    def __init__(
+        self,
+        width: int,
+        num_classes: int = NUM_CLASSES,
+        dropout: float = 0.1,
+        image_shape: tuple[int, int, int] = IMAGE_SHAPE,
+    ):
         super().__init__()
-        channels, height, width_px = IMAGE_SHAPE
+        channels, height, width_px = image_shape
+        larger = min(height, width_px) // 2 > POOLED
         self.features = nn.Sequential(
             _conv_block(channels, width),
             _conv_block(width, 2 * width),
             nn.MaxPool2d(2),  # 8x8 -> 4x4
             _conv_block(2 * width, 2 * width),
+            nn.AdaptiveAvgPool2d(POOLED) if larger else nn.Identity(),
             nn.Flatten(),
         )
         self.head = nn.Sequential(
-            nn.Dropout(dropout), nn.Linear(2 * width * (height // 2) * (width_px // 2), num_classes)
+            nn.Dropout(dropout), nn.Linear(2 * width * POOLED * POOLED, num_classes)
         )
         for name, parameter in self.named_parameters():  # nothing to fill on the meta device
             self.init_tensor(name, parameter.data)
@@ -108,6 +121,8 @@ def width_for_param_count(target: int) -> int:
 
 
 def build_model(config: Config) -> DigitsCNN:
-    """The example model at the width whose parameter count best reaches `config.model_size`."""
+    """The example model at the width whose parameter count best reaches `config.model_size`,
+    for the classes and input shape of the data (`data.input_spec`)."""
+    num_classes, image_shape = input_spec(config)
     width = width_for_param_count(parse_param_count(config.model_size))
-    return DigitsCNN(width, dropout=config.dropout)
+    return DigitsCNN(width, num_classes, dropout=config.dropout, image_shape=image_shape)

@@ -55,7 +55,7 @@ def prepare_example(config: Config) -> None:
     (`bpe`: one of NUM_CLASSES tokens trained on it). Where it holds one prepared from
     another `corpus_bytes`, warn that the setting changes nothing there.
     Every process of a first run may do it at once; each writes its own temporary folder and
-    the same corpus lands in `data_dir` (prepare.replace_folder)."""
+    the same corpus lands in `data_dir` (state_io.replace_folder)."""
     data_dir = Path(config.data_dir)
     if data_dir.exists() and any(data_dir.iterdir()):
         prepared = manifest_at(data_dir / MANIFEST)

@@ -32,12 +32,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import functools
 import hashlib
 import os
 import shutil
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -48,7 +46,14 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ..state_io import FULL_DISK, atomic_write_text
+from ..state_io import (
+    FULL_DISK,
+    atomic_write_text,
+    locked,
+    remove_stale_scratch,
+    replace_folder,
+    scratch_folder,
+)
 from .chat import FORMATS
 from .documents import check_encoding
 from .examples import chat_template_file, write_examples
@@ -208,7 +213,7 @@ def prepare(
                 atomic_write_text(manifest.to_json(), scratch / MANIFEST)  # last: complete
             with locked(out.parent, wait=True):  # another rank's may have landed meanwhile
                 if up_to_date(out, request) is None:
-                    replace_folder(scratch, out)
+                    replace_folder(scratch, out, MANIFEST)
     except BaseException as error:
         full = isinstance(error, OSError) and error.errno in FULL_DISK
         message = disk_full(out, budgets) if full else None
@@ -257,60 +262,6 @@ def disk_full(out: Path, budgets: list[tuple[Path, int | None]]) -> str:
         "token of at most 4 bytes per source byte, twice); free space or pass --out on "
         f"another disk. {out} is as it was"
     )
-
-
-@contextlib.contextmanager
-def scratch_folder(out: Path) -> Iterator[Path]:
-    """A hidden temporary folder beside `out` (`.<name>.partial-*`), locked while this process
-    uses it (`remove_stale_scratch` tells it from one an interrupted prepare left, and removes
-    those first) and removed on the way out, whatever happens. Setting it up holds a lock on
-    the parent folder: every rank of a first run may prepare the same corpus at once."""
-    with contextlib.ExitStack() as stack:
-        with locked(out.parent, wait=True):
-            remove_stale_scratch(out)
-            scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-            umask = os.umask(0)
-            os.umask(umask)
-            scratch.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the corpus from others
-            stack.enter_context(locked(scratch, wait=True))
-        try:
-            yield scratch
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-
-
-def remove_stale_scratch(out: Path) -> list[Path]:
-    """Remove the temporary folders of `out` that no live prepare holds (what a killed or
-    interrupted one left); return them. One whose lock cannot be tested (a file system
-    without locks) is kept."""
-    removed = []
-    for folder in out.parent.glob(f".{out.name}.partial-*"):
-        with locked(folder, wait=False) as free:
-            if free:
-                shutil.rmtree(folder, ignore_errors=True)
-                removed.append(folder)
-    return removed
-
-
-@contextlib.contextmanager
-def locked(folder: Path, wait: bool) -> Iterator[bool]:
-    """Hold an exclusive `flock` on `folder` inside; yields whether it is held: False where
-    another process holds it (and not `wait`), where the folder is gone, or where its file
-    system cannot lock."""
-    try:
-        descriptor = os.open(folder, os.O_RDONLY)
-    except OSError:
-        yield False
-        return
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        held = True
-    except OSError:  # BlockingIOError: another holds it; others: no locks here
-        held = False
-    try:
-        yield held
-    finally:
-        os.close(descriptor)  # drops the lock
 
 
 class Phases:
@@ -572,24 +523,6 @@ def part_chunks(scratch: Path, jobs: int, split: str) -> Iterator[bytes]:
             while chunk := source.read(CHUNK_BYTES):
                 yield chunk
         part.unlink()
-
-
-def replace_folder(scratch: Path, out: Path) -> None:
-    """Put the complete corpus in `scratch` at `out`: renamed into place, the corpus it
-    replaces (if any) removed after. A process that prepared the same corpus at the same time
-    (every rank of a first run) may have put it there first: then `out` is kept."""
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-        with contextlib.suppress(FileNotFoundError):  # another process moved it a moment ago
-            out.rename(old / out.name)
-    try:
-        scratch.rename(out)
-    except OSError:
-        if not (out / MANIFEST).is_file():
-            raise
-    if out.exists():
-        for old in out.parent.glob(f".{out.name}.old-*"):
-            shutil.rmtree(old, ignore_errors=True)
 
 
 def stop_on_sigterm(number: int, frame: object) -> None:

@@ -148,6 +148,8 @@ def epoch_iterator(
     skipped is read (`SkippingBatchSampler`).
     """
     set_sampler_epoch(loader.sampler.sampler, epoch)
+    if hasattr(loader.dataset, "set_epoch"):  # samples that differ by epoch (seeded draws)
+        loader.dataset.set_epoch(epoch)  # before iter(): the workers it starts copy the dataset
     loader.generator.set_state(generator_state)
     if not replay:
         loader.sampler.skip = skip

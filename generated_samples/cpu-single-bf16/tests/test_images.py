@@ -1,0 +1,197 @@
+"""Real images: prepare (every kind of file a folder of photographs holds, bad input refused
+with nothing written), augmentation that is a function of (seed, epoch, index) alone, and a
+run on prepared images that resumes bitwise. The tests make their own images."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import BatchSampler
+
+from cpu_single_bf16.config import Config
+from cpu_single_bf16.data import build_datasets, input_spec
+from cpu_single_bf16.images import MANIFEST, Options, prepare_images
+from cpu_single_bf16.images.store import StoredImages, read_manifest
+from cpu_single_bf16.loader import epoch_iterator, make_train_loader
+from cpu_single_bf16.loader.samplers import train_sampler
+from cpu_single_bf16.model import build_model
+from cpu_single_bf16.runtime import init_runtime
+from cpu_single_bf16.train import Trainer
+
+from conftest import config_for_tests, exported_weights
+
+STORED = 20  # the prepared shorter side; the model sees 16 x 16 crops
+CLASSES = ("bird", "cat", "dog")
+EXIF_ORIENTATION = 0x0112  # 6: the camera was turned; rotate 90 degrees clockwise to view
+
+
+def save(path: Path, image: Image.Image, **options) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path, **options)
+    return path
+
+
+def make_images(root: Path) -> dict[str, Path]:
+    """train/<class>/ of 8 images each in every mode and format, the odd ones named."""
+    generator = np.random.default_rng(0)
+    for number, label in enumerate(CLASSES):
+        for i in range(8):
+            size = (24 + 4 * i, 20 + 2 * (i % 3))  # (width, height): several sizes
+            noise = generator.integers(0, 60, (size[1], size[0], 3), dtype=np.uint8)
+            pixels = noise + np.array([80 * number, 40, 200 - 80 * number], dtype=np.uint8)
+            image = Image.fromarray(pixels)
+            formats = ("jpg", "png", "webp")
+            save(root / "train" / label / f"{i}.{formats[i % 3]}", image)
+    odd = {
+        "cmyk": save(root / "train/cat/cmyk.jpg", Image.new("CMYK", (30, 20), (0, 255, 255, 0))),
+        "gray": save(root / "train/dog/gray.png", Image.new("L", (20, 26), 128)),
+        "alpha": save(root / "train/bird/alpha.png", Image.new("RGBA", (22, 22), (0, 0, 0, 0))),
+    }
+    exif = Image.Exif()
+    exif[EXIF_ORIENTATION] = 6
+    odd["rotated"] = save(root / "train/cat/rotated.jpg", Image.new("RGB", (40, 20)), exif=exif)
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 64), (9, 9, 9)).save(buffer, "JPEG")
+    odd["truncated"] = root / "train/dog/truncated.jpg"
+    odd["truncated"].write_bytes(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+    (root / "train" / "dog" / "notes.txt").write_text("not an image")
+    return odd
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Path]]:
+    """Images made and prepared once for the module (in one worker process): (folder, odd)."""
+    root = tmp_path_factory.mktemp("images")
+    odd = make_images(root / "photos")
+    prepare_images([str(root / "photos")], root / "prepared", Options(image_size=STORED), workers=1)
+    return root / "prepared", odd
+
+
+def images_config(run_dir: Path, data_dir: Path, **settings) -> Config:
+    """The tests' config on prepared images: 16 x 16 crops, batches of 4, one epoch."""
+    values = {"data_dir": str(data_dir), "image_size": 16, "micro_batch_size": 4, "epochs": 1}
+    values |= {"warmup_steps": 2, "checkpoint_every": 2, "val_every": 0, "num_workers": 0}
+    return dataclasses.replace(config_for_tests(run_dir), **(values | settings))
+
+
+def test_prepare_decodes_every_kind_of_image_and_lists_what_it_skipped(prepared):
+    data_dir, odd = prepared
+    manifest = read_manifest(data_dir, "prepare first")
+    assert manifest.classes == CLASSES
+    assert [entry["path"] for entry in manifest.skipped] == [str(odd["truncated"])]
+    train, val = (StoredImages(data_dir, manifest, split) for split in ("train", "val"))
+    shapes = [train.pixels(i).shape for i in range(len(train))]
+    shapes += [val.pixels(i).shape for i in range(len(val))]
+    assert all(min(h, w) == STORED and channels == 3 for h, w, channels in shapes)
+    # 8 + the alpha image of birds, 8 + cmyk + rotated cats, 8 + gray dogs (truncated skipped)
+    assert {
+        label: manifest.counts["train"][label] + manifest.counts["val"][label] for label in CLASSES
+    } == {"bird": 9, "cat": 10, "dog": 9}
+    assert all(count >= 1 for count in manifest.counts["val"].values())  # held out per class
+    pixels = {tuple(map(int, train.pixels(i)[STORED // 2, STORED // 2])) for i in range(len(train))}
+    pixels |= {tuple(map(int, val.pixels(i)[STORED // 2, STORED // 2])) for i in range(len(val))}
+    assert (255, 255, 255) in pixels  # the transparent image, composited over white
+    assert any(abs(r - 255) < 8 and g < 8 and b < 8 for r, g, b in pixels)  # CMYK (0,1,1,0): red
+    # The rotated photo (stored 40 wide, 20 high, orientation 6) comes out upright: portrait.
+    portrait = [s for s in shapes if s[0] > s[1]]
+    assert (40, 20, 3) in portrait
+    assert len(portrait) == 1 + 1  # and the 20 x 26 gray one
+
+
+def test_prepare_refuses_bad_sources_in_one_line_and_writes_nothing(tmp_path, prepared):
+    photos = tmp_path / "photos"
+    make_images(photos)
+    out = tmp_path / "out"
+    (photos / "train" / "horse").mkdir()
+    with pytest.raises(ValueError, match="class 'horse' .* has no images"):
+        prepare_images([str(photos)], out, Options(image_size=STORED))
+    (photos / "train" / "horse").rmdir()
+    save(photos / "val" / "zebra" / "0.png", Image.new("RGB", (20, 20)))
+    with pytest.raises(ValueError, match="zebra are not classes of the training images"):
+        prepare_images([str(photos)], out, Options(image_size=STORED))
+    (photos / "val" / "zebra" / "0.png").unlink()
+    (photos / "val" / "zebra").rmdir()
+    (photos / "val").rmdir()
+    with pytest.raises(ValueError, match="more than 0 images could not be read.*truncated"):
+        prepare_images([str(photos)], out, Options(image_size=STORED, max_bad=0))
+    with pytest.raises(ValueError, match="no such file or folder"):
+        prepare_images([str(tmp_path / "missing")], out)
+    assert not out.exists() and not list(tmp_path.glob(".out.partial-*"))
+
+
+def test_prepare_again_on_the_same_sources_does_nothing_and_a_table_reads_the_same(
+    tmp_path, prepared
+):
+    data_dir, _ = prepared
+    photos = data_dir.parent / "photos"
+    lines = []
+    before = {path.name: path.stat().st_mtime_ns for path in data_dir.iterdir()}
+    manifest = prepare_images([str(photos)], data_dir, Options(image_size=STORED), log=lines.append)
+    assert any("up to date" in line for line in lines)
+    assert {path.name: path.stat().st_mtime_ns for path in data_dir.iterdir()} == before
+    table = photos / "images.csv"
+    rows = [
+        {"path": str(path.relative_to(photos)), "label": path.parent.name}
+        for path in sorted((photos / "train").rglob("*.png"))
+    ]
+    with table.open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=["path", "label"])
+        writer.writeheader()
+        writer.writerows(rows)
+    from_table = prepare_images([str(table)], tmp_path / "table", Options(image_size=STORED))
+    assert from_table.classes == manifest.classes
+    assert from_table.images("train") + from_table.images("val") == len(rows)
+
+
+def test_a_sample_is_augmented_by_the_seed_epoch_and_index_alone(prepared, tmp_path):
+    data_dir, _ = prepared
+    config = images_config(tmp_path / "run", data_dir, augment_policy="trivialaugment")
+    train, val = build_datasets(config)
+    images, labels = train[[3, 0, 5]]
+    assert images.shape == (3, *input_spec(config)[1]) and images.dtype == torch.float32
+    assert labels.dtype == torch.int64
+    # The same sample, read alone or in another batch, is the same tensor.
+    assert torch.equal(train[[5]][0][0], images[2])
+    assert torch.equal(train[[0, 7]][0][0], images[1])
+    # The global batch of one process = the samples two processes read, whichever rank.
+    order = list(BatchSampler(train_sampler(train, config.seed, init_runtime("cpu")), 8, True))[0]
+    ranks = [order[rank::2] for rank in range(2)]
+    assert torch.equal(train[order][0][0::2], train[ranks[0]][0])
+    assert torch.equal(train[order][0][1::2], train[ranks[1]][0])
+    # Another epoch draws other crops; validation is deterministic.
+    train.set_epoch(1)
+    assert not torch.equal(train[[3]][0][0], images[0])
+    assert torch.equal(val[[0, 1]][0], val[[0, 1]][0])
+    # DataLoader workers read the very batches the training process reads itself.
+    batches = {}
+    for workers in (0, 2):
+        loader = make_train_loader(
+            train, dataclasses.replace(config, num_workers=workers), init_runtime("cpu")
+        )
+        iterator = epoch_iterator(loader, 1, loader.generator.get_state(), skip=0)
+        batches[workers] = [images for images, _ in iterator]
+    assert all(torch.equal(a, b) for a, b in zip(batches[0], batches[2], strict=True))
+
+
+def test_a_run_on_prepared_images_resumes_bitwise_with_augmentation_on(prepared, tmp_path):
+    data_dir, _ = prepared
+    settings = {"augment_policy": "trivialaugment", "epochs": 2}
+    straight = images_config(tmp_path / "straight", data_dir, **settings)
+    summary = Trainer(straight, init_runtime("cpu")).fit()
+    model = build_model(straight)
+    assert model.head[1].out_features == len(CLASSES)
+    stopped = images_config(tmp_path / "resumed", data_dir, stop_after_steps=3, **settings)
+    Trainer(stopped, init_runtime("cpu")).fit()
+    resumed = dataclasses.replace(stopped, stop_after_steps=0)
+    resumed_summary = Trainer(resumed, init_runtime("cpu"), resume=True).fit()
+    assert resumed_summary["steps"] == summary["steps"] > 3
+    expected, actual = (exported_weights(Path(c.run_dir)) for c in (straight, resumed))
+    assert all(torch.equal(actual[name], value) for name, value in expected.items())
+    assert (data_dir / MANIFEST).is_file()
