@@ -207,6 +207,7 @@ PROJECT_IMPORTS = frozenset(
         "sklearn",
         "torchvision",  # the image projects' transforms
         "PIL",  # Pillow: the image projects' decoder
+        "timm",  # the image projects' pretrained backbones
         "tqdm",
         "safetensors",
         "tensorboard",

@@ -137,9 +137,10 @@ def run_in_project(project: Path, *command: str) -> subprocess.CompletedProcess:
     """Run `python COMMAND...` inside a rendered project with its `src/` importable."""
     # One torch thread per process: pytest-xdist already runs one variant per core.
     env = {**os.environ, "PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [project_python(project), *command], cwd=project, env=env, capture_output=True, text=True
-    )
+    python = project_python(project)
+    # Its commands (torchrun, accelerate) first on PATH: they run with its Python.
+    env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", "")])
+    return subprocess.run([python, *command], cwd=project, env=env, capture_output=True, text=True)
 
 
 # Plugins that this environment installs for scaffold's tests (hypothesis, anyio) are not in a

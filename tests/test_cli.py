@@ -46,18 +46,22 @@ DEFAULT_FILES = {
     for name in (
         # the user's files, what they import, and the commands
         "__init__",
+        "backbone",
         "config",
+        "confusion",
         "data",
         "data_headroom",
         "model",
         "planned",
         "plot",
+        "predict",
         "prepare",
         "runtime",
         "state_io",
         "task",
         "task_config",
         "train",
+        "trained",
         # the machinery, by package
         "checkpoint/__init__",
         "checkpoint/resume",

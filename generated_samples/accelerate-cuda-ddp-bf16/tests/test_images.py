@@ -23,6 +23,7 @@ from accelerate_cuda_ddp_bf16.loader import epoch_iterator, make_train_loader
 from accelerate_cuda_ddp_bf16.loader.samplers import train_sampler
 from accelerate_cuda_ddp_bf16.model import build_model
 from accelerate_cuda_ddp_bf16.runtime import init_runtime
+from accelerate_cuda_ddp_bf16.task import SUMS, eval_sums, loss_fn, validation_metrics
 from accelerate_cuda_ddp_bf16.train import Trainer
 
 from conftest import config_for_tests, exported_weights
@@ -192,6 +193,98 @@ def test_a_run_on_prepared_images_resumes_bitwise_with_augmentation_on(prepared,
     resumed = dataclasses.replace(stopped, stop_after_steps=0)
     resumed_summary = Trainer(resumed, init_runtime("cpu"), resume=True).fit()
     assert resumed_summary["steps"] == summary["steps"] > 3
+    # What a classifier's user looks at: each class's accuracy by name, the confusion matrix.
+    assert (Path(straight.run_dir) / "confusion.png").stat().st_size > 0
+    report = (Path(straight.run_dir) / "summary.md").read_text()
+    assert all(f"{name} " in report.split("**Per class**")[1] for name in CLASSES)
     expected, actual = (exported_weights(Path(c.run_dir)) for c in (straight, resumed))
     assert all(torch.equal(actual[name], value) for name, value in expected.items())
     assert (data_dir / MANIFEST).is_file()
+
+
+def timm_weights(folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A resnet10t with random weights and another classifier (7 classes), saved as a
+    safetensors file: what a user downloads from the Hub, made here."""
+    import timm
+    from safetensors.torch import save_file
+
+    saved = timm.create_model("resnet10t", pretrained=False, num_classes=7).state_dict()
+    save_file(saved, folder / "resnet10t.safetensors")
+    return folder / "resnet10t.safetensors", saved
+
+
+def timm_config(run_dir: Path, data_dir: Path, weights: Path, **settings) -> Config:
+    backbone = {"model_family": "timm", "backbone": "resnet10t", "init_from": str(weights)}
+    return images_config(run_dir, data_dir, dropout=0.0, **backbone, **settings)
+
+
+def test_a_timm_backbone_fine_tunes_under_this_engine_and_predict_names_the_classes(
+    prepared, tmp_path, capsys
+):
+    """Three steps from the file's weights with a new head of 3 classes, on this variant's
+    engine; BatchNorm's statistics stay the file's; predict reads the best weights."""
+    from accelerate_cuda_ddp_bf16.predict import main as predict_main
+
+    data_dir, odd = prepared
+    weights, saved = timm_weights(tmp_path)
+    config = timm_config(tmp_path / "run", data_dir, weights, max_steps=3)
+    Trainer(config, init_runtime("cpu")).fit()
+    trained = exported_weights(Path(config.run_dir))
+    assert not torch.equal(trained["backbone.conv1.0.weight"], saved["conv1.0.weight"])
+    assert torch.equal(trained["backbone.bn1.running_mean"], saved["bn1.running_mean"])
+    photos = sorted((data_dir.parent / "photos" / "train" / "cat").glob("*.png"))[:2]
+    ranked = predict_main([*map(str, photos), "--run-dir", config.run_dir, "--top", "2"])
+    assert [len(classes) for classes in ranked] == [2, 2]
+    assert all(name in CLASSES and 0 <= p <= 1 for classes in ranked for name, p in classes)
+    assert capsys.readouterr().out.count(": ") >= 2
+    with pytest.raises(SystemExit) as stopped:  # the truncated file: its own line, then 1
+        predict_main([str(odd["truncated"]), "--run-dir", config.run_dir])
+    assert stopped.value.code == 1 and "unreadable" in capsys.readouterr().out
+
+
+def test_a_timm_backbone_loads_strictly_starts_at_ln_classes_and_overfits_one_batch(
+    prepared, tmp_path
+):
+    from safetensors.torch import save_file
+
+    from accelerate_cuda_ddp_bf16.engine import build_on_meta
+    from accelerate_cuda_ddp_bf16.engine.build import materialize
+
+    data_dir, _ = prepared
+    weights, saved = timm_weights(tmp_path)
+    config = timm_config(tmp_path / "run", data_dir, weights)
+    model = materialize(build_on_meta(config), torch.device("cpu"), config.seed)
+    assert model.head[1].out_features == len(CLASSES)
+    assert torch.equal(model.state_dict()["backbone.conv1.0.weight"], saved["conv1.0.weight"])
+    plain = dataclasses.replace(config, augment=False)
+    images, labels = build_datasets(plain)[0][[0, 1, 2, 3]]
+    model.train()
+    assert abs(loss_fn(model(images), labels).item() - np.log(len(CLASSES))) < 0.15
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(30):
+        optimizer.zero_grad()
+        loss = loss_fn(model(images), labels)
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 0.05, loss.item()
+    # A file of another model is refused by name, before anything is built.
+    save_file({**saved, "extra.weight": torch.zeros(1)}, weights)
+    with pytest.raises(ValueError, match="does not hold resnet10t's weights .*unexpected: extra"):
+        build_model(config)
+
+
+def test_validation_sums_count_each_class_and_the_top_5():
+    """7 classes (so a top-5 accuracy): the confusion matrix's rows are the true classes."""
+    logits = (-5.0 - 0.01 * torch.arange(7.0)).repeat(4, 1)  # no ties: class 0 first, then 1...
+    logits[0, 2] = logits[1, 3] = logits[2, 2] = 5.0  # predicted: 2, 3, 2
+    for rank in range(6):  # sample 3's likeliest six: 6, 5, 4, 3, 2, 1 (its class is 0)
+        logits[3, 6 - rank] = 6.0 - rank
+    targets = torch.tensor([2, 2, 4, 0])
+    sums = eval_sums(logits[:2], targets[:2]) + eval_sums(logits[2:], targets[2:])  # 2 ranks
+    totals = dict(zip(SUMS, sums.tolist(), strict=False)) | {"extra": sums[len(SUMS) :].tolist()}
+    metrics = validation_metrics(totals)
+    assert metrics["val_accuracy"] == 0.25
+    assert metrics["val_top5_accuracy"] == 0.75  # only sample 3's class is outside its top 5
+    assert metrics["val_confusion"][2] == [0, 0, 1, 1, 0, 0, 0]
+    assert metrics["val_class_accuracy"][2] == 0.5 and metrics["val_class_accuracy"][4] == 0.0
+    assert np.isnan(metrics["val_class_accuracy"][1])  # no sample of class 1

@@ -148,6 +148,10 @@ def prepared_datasets(config: Config) -> tuple[Dataset, Dataset]:
     data_dir = Path(config.data_dir)
     manifest = read_manifest(data_dir, prepare_hint(config))
     size, stats = config.image_size, (IMAGENET_MEAN, IMAGENET_STD)
+    if config.model_family == "timm":  # the statistics the backbone was trained with
+        from .backbone import backbone_name, normalization
+
+        stats = normalization(backbone_name(config.backbone, config.init_from))
     if config.augment:
         transform, augment_seed = train_transform(size, config.augment_policy, *stats), config.seed
     else:

@@ -11,6 +11,10 @@ from typing import ClassVar
 from .images import AUGMENT_POLICIES, MANIFEST
 from .images.store import manifest_at
 
+RUN_MANIFEST = "images.json"  # a run folder's copy of the manifest of the images it trains on
+# The example's small CNN (model.py), or a pretrained backbone from timm (backbone.py).
+MODEL_FAMILIES = ("cnn", "timm")
+
 
 @dataclass(frozen=True)
 class TaskConfig:
@@ -23,6 +27,9 @@ class TaskConfig:
     val_fraction: float = 0.2
     augment: bool = True
     augment_policy: str = "none"
+    model_family: str = "cnn"
+    backbone: str = ""
+    init_from: str = ""
     dropout: float = 0.1
     epochs: int = 30
     micro_batch_size: int = 64
@@ -32,6 +39,9 @@ class TaskConfig:
     early_stop_patience: int = 5
     # data settings a resume must keep (checkpoint/resume.py): they fix what a checkpoint trained on
     task_resume_keys: ClassVar[tuple[str, ...]] = (
+        "model_family",
+        "backbone",
+        "init_from",
         "data_dir",
         "image_size",
         "val_fraction",
@@ -47,6 +57,13 @@ class TaskConfig:
         manifest = manifest_at(Path(self.data_dir) / MANIFEST) if self.data_dir else None
         return manifest.fingerprint() if manifest else ""
 
+    def task_run_files(self) -> dict[str, Path]:
+        """Files a run keeps in its folder, copied there when a launch starts, so its weights
+        stay usable whatever becomes of `data_dir`: the prepared images' manifest
+        (RUN_MANIFEST: the class names, in class-id order, and the stored size predict
+        resizes to). None for the digits."""
+        return {RUN_MANIFEST: Path(self.data_dir) / MANIFEST} if self.data_dir else {}
+
     def task_problems(self) -> list[str]:
         """Every task setting outside its range, one message per key (empty when all are
         valid); `Config.problems` adds them to its own."""
@@ -57,6 +74,11 @@ class TaskConfig:
             problems.append(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")
         if self.image_size < 8:
             problems.append(f"image_size must be at least 8 pixels, got {self.image_size!r}")
+        if self.model_family not in MODEL_FAMILIES:
+            choices = ", ".join(MODEL_FAMILIES)
+            problems.append(f"model_family must be one of {choices}, got {self.model_family!r}")
+        if self.model_family == "timm" and not self.data_dir:
+            problems.append('model_family = "timm" trains on RGB images: set data_dir (prepare)')
         if self.augment_policy not in AUGMENT_POLICIES:
             choices = ", ".join(AUGMENT_POLICIES)
             problems.append(f"augment_policy must be one of {choices}, got {self.augment_policy!r}")

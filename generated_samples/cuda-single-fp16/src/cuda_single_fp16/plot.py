@@ -101,7 +101,9 @@ def _draw_run(run_dir: Path, losses: Any, others: Any, color: str, name: str) ->
     losses.plot([r["step"] for r in train], train_loss, color=color, alpha=0.6)
     losses.lines[-1].set_label(f"{name}train loss")
     val_steps = [r["step"] for r in val]
-    for metric in [key for key in (val[0] if val else {}) if key.startswith("val_")]:
+    first = val[0] if val else {}
+    scalars = [k for k, v in first.items() if k.startswith("val_") and isinstance(v, int | float)]
+    for metric in scalars:  # per-class lists have figures of their own
         axes = losses if metric == "val_loss" else others
         values = [r[metric] for r in val]
         axes.plot(val_steps, values, "o-", color=color, label=f"{name}{metric}")

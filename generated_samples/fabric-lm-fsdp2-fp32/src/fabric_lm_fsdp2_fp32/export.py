@@ -31,12 +31,13 @@ from .checkpoint import WEIGHTS_FILE
 from .config import Config, command_parser, load_config, user_errors
 from .corpus import TOKENIZER_FILE
 from .engine import Engine, build_on_meta
-from .generate import run_codec, run_config, run_weights
+from .generate import run_codec
 from .hub import export_folder
 from .hub.export_folder import DEFAULT_SHARD_BYTES, TOKENIZER_CONFIG, export_dtype
 from .lora import adapter_state, base_name, merged_state, write_adapter
 from .model import model_architecture
 from .runtime import init_runtime, shutdown_runtime
+from .trained import run_config, run_weights
 from .training import build_optimizer
 
 SIZE_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}

@@ -120,9 +120,15 @@ def width_for_param_count(target: int) -> int:
     return 8 * low
 
 
-def build_model(config: Config) -> DigitsCNN:
+def build_model(config: Config) -> nn.Module:
     """The example model at the width whose parameter count best reaches `config.model_size`,
-    for the classes and input shape of the data (`data.input_spec`)."""
+    for the classes and input shape of the data (`data.input_spec`); or with `model_family =
+    "timm"` the `backbone` from timm with a new head (backbone.py; `model_size` unused)."""
     num_classes, image_shape = input_spec(config)
+    if config.model_family == "timm":
+        from .backbone import TimmClassifier, backbone_name
+
+        name = backbone_name(config.backbone, config.init_from)
+        return TimmClassifier(name, num_classes, config.dropout, config.init_from)
     width = width_for_param_count(parse_param_count(config.model_size))
     return DigitsCNN(width, num_classes, dropout=config.dropout, image_shape=image_shape)

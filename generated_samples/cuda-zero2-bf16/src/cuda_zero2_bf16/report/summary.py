@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from .. import task
 from ..checkpoint.store import CheckpointManager
 from ..config import Config
 from ..engine.strategy import FRAMEWORK, PRECISION, STRATEGY
@@ -46,6 +47,7 @@ def finish_run(
     if log.stats["samples"] == 0 and written.is_file():
         runtime.notice(f"nothing left to train at step {state.step}; see {written}")
         return json.loads(written.read_text(encoding="utf-8"))
+    task_files, task_lines = task_report(config, runtime)
     summary = build_summary(
         config=config,
         state=state,
@@ -56,8 +58,9 @@ def finish_run(
         early_stopped=state.early_stopped(config.early_stop_patience),
         resumed_from=resumed_from,
         checkpoint_stalls=checkpoints.stall_seconds,
-        files=files | plot_and_name_files(config, runtime),
+        files=files | plot_and_name_files(config, runtime) | task_files,
     )
+    summary["task_lines"] = task_lines
     if runtime.is_main:
         print(write_summary(Path(config.run_dir), summary), end="")
     return summary
@@ -76,6 +79,15 @@ def plot_and_name_files(config: Config, runtime: Runtime) -> dict[str, str | Non
         key: str(path) if path else None
         for key, path in {"plot": plot, "tensorboard": tensorboard, "wandb": wandb}.items()
     }
+
+
+def task_report(config: Config, runtime: Runtime) -> tuple[dict[str, str], list[str]]:
+    """The task's own figures and summary lines at a run's end (main process, `plot` on), where
+    task.py has a `task_report(run_dir, tensorboard)` hook; else none."""
+    hook = getattr(task, "task_report", None)
+    if hook is None or not config.plot or not runtime.is_main:
+        return {}, []
+    return hook(Path(config.run_dir), config.tensorboard)
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -203,6 +215,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{summary['expected_initial_loss']:.4f}); resumed from: {summary['resumed_from'] or 'no'}"
         f"{_resumes_that_changed(summary)}",
         _results(summary),
+        *summary.get("task_lines", []),
         f"**Throughput:** {describe_throughput(summary)} | data-loader time share "
         f"{summary['data_time_share']:.1%} | peak memory "
         f"{summary['peak_memory_bytes'] / 2**20:,.0f} MiB | "

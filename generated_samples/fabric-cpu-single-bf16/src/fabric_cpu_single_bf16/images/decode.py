@@ -46,7 +46,7 @@ def decode_image(path: Path, shorter_side: int) -> np.ndarray:
     size = (max(1, round(width * scale)), max(1, round(height * scale)))
     if size != rgb.size:
         rgb = rgb.resize(size, Image.Resampling.BICUBIC, reducing_gap=3.0)
-    return np.asarray(rgb, dtype=np.uint8)
+    return np.array(rgb, dtype=np.uint8)  # writable, its own memory
 
 
 def to_rgb(image: Image.Image) -> Image.Image:

@@ -16,19 +16,23 @@ from ..task import SUMS, eval_sums, validation_metrics
 def evaluate(
     engine: Engine, loader: Iterable, max_batches: int, between_batches: Callable[[], None]
 ) -> dict:
-    """The task's validation METRICS from the SUMS over every sample of every rank (of each
+    """The task's validation METRICS from the sums `eval_sums` gives, SUMS and any of its
+    `extra` after them (counts per class, say), over every sample of every rank (of each
     rank's first `max_batches` batches where it is > 0: the same samples at every
     validation), in as many passes on every rank (`padded_batches`); `between_batches()`
     precedes each."""
-    sums = torch.zeros(len(SUMS), dtype=torch.float64, device=engine.runtime.device)
+    device, sums = engine.runtime.device, None
     engine.module.eval()  # dropout off
     with engine.inference():
         for inputs, targets, counted in padded_batches(loader, engine.runtime, max_batches):
             between_batches()
             with engine.autocast():
-                logits = engine.module(*model_inputs(inputs, sums.device))
+                logits = engine.module(*model_inputs(inputs, device))
+            batch_sums = eval_sums(logits, targets.to(device))
+            sums = torch.zeros_like(batch_sums) if sums is None else sums  # every rank has one
             if counted:
-                sums += eval_sums(logits, targets.to(sums.device))
+                sums += batch_sums
     engine.module.train()
     totals = all_reduce_sum(sums, engine.runtime).tolist()
-    return validation_metrics(dict(zip(SUMS, totals, strict=True)))
+    named = dict(zip(SUMS, totals, strict=False))  # the sums past SUMS: the task's `extra`
+    return validation_metrics(named | {"extra": totals[len(SUMS) :]})
