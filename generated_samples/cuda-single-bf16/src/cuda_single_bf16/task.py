@@ -1,7 +1,7 @@
 """The task: image classification. The loss and validation metrics of a batch of logits, the
 weights of an optimizer step's micro-batches, the throughput line of the run summary, and what
 a classifier's user looks at after a run: accuracy per class and the confusion matrix
-(confusion.py draws it)."""
+(report/confusion.py draws it)."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def task_report(run_dir: Path, tensorboard: bool) -> tuple[dict[str, str], list[
     """At a run's end (main process): the confusion matrix of its last validation drawn to
     `confusion.png` (and into TensorBoard), and the summary's line of each class's accuracy by
     name. Returns ({"confusion": path}, [line]), or nothing before a validation."""
-    from .confusion import last_validation, write_confusion
+    from .report.confusion import last_validation, write_confusion
 
     validation, classes = last_validation(run_dir)
     if validation is None:

@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .state_io import atomic_write
-from .task_config import RUN_MANIFEST
+from ..state_io import atomic_write
+from ..task_config import RUN_MANIFEST
 
 CONFUSION_FILE = "confusion.png"
 LABELLED_CLASSES = 30  # class names on the axes up to this many; counts in cells up to 12
