@@ -233,10 +233,12 @@ def _print_next_steps(answers: Answers, dest: Path) -> None:
 
 
 def install_commands(answers: Answers) -> list[str]:
-    """The project's install, as its README's quick start gives it: on a CPU, torch from
-    PyTorch's CPU wheel index first (PyPI's Linux torch is the CUDA build: GBs the project
+    """The project's install, as its README's quick start gives it: on a CPU, torch (and an
+    image project's torchvision, whose ops load only beside the torch build of the same index)
+    from PyTorch's CPU wheel index first (PyPI's Linux torch is the CUDA build: GBs the project
     never loads), then the project with its dev extra."""
-    cpu_torch = ["pip install torch --index-url https://download.pytorch.org/whl/cpu"]
+    packages = "torch torchvision" if answers.task == "image-classification" else "torch"
+    cpu_torch = [f"pip install {packages} --index-url https://download.pytorch.org/whl/cpu"]
     return [*(cpu_torch if answers.hardware == "cpu" else []), 'pip install -e ".[dev]"']
 
 

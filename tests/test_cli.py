@@ -71,7 +71,7 @@ DEFAULT_FILES = {
         "images/augment",
         "images/decode",
         "images/pipeline",
-        "images/randomness",
+        "images/recipe",
         "images/sources",
         "images/store",
         "engine/__init__",

@@ -608,7 +608,7 @@ def test_the_wheel_ships_the_template_with_its_dotfiles(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "scaffold/templates/copier.yml" in names
     assert "scaffold/templates/project/.gitignore" in names
-    assert "scaffold/templates/project/.github/workflows/tests.yml" in names
+    assert "scaffold/templates/project/.github/workflows/tests.yml.jinja" in names
     assert not any("__pycache__" in name for name in names)
 
 

@@ -125,6 +125,18 @@ def test_prepare_refuses_bad_sources_in_one_line_and_writes_nothing(tmp_path, pr
     with pytest.raises(ValueError, match="no such file or folder"):
         prepare_images([str(tmp_path / "missing")], out)
     assert not out.exists() and not list(tmp_path.glob(".out.partial-*"))
+    # The folder prepare would replace holds your photos, or other files: refused, kept.
+    photo_count = len(list(photos.rglob("*.*")))
+    with pytest.raises(ValueError, match="would hold or replace the sources"):
+        prepare_images([str(photos)], photos, Options(image_size=STORED))
+    with pytest.raises(ValueError, match="would hold or replace the sources"):
+        prepare_images([str(photos)], photos / "prepared", Options(image_size=STORED))
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "keep.txt").write_text("mine")
+    with pytest.raises(ValueError, match="holds files that are not prepared data"):
+        prepare_images([str(photos)], tmp_path / "notes", Options(image_size=STORED))
+    assert (tmp_path / "notes" / "keep.txt").read_text() == "mine"
+    assert len(list(photos.rglob("*.*"))) == photo_count
 
 
 def test_prepare_again_on_the_same_sources_does_nothing_and_a_table_reads_the_same(
@@ -193,6 +205,7 @@ def test_a_run_on_prepared_images_resumes_bitwise_with_augmentation_on(prepared,
     resumed = dataclasses.replace(stopped, stop_after_steps=0)
     resumed_summary = Trainer(resumed, init_runtime("cpu"), resume=True).fit()
     assert resumed_summary["steps"] == summary["steps"] > 3
+    assert summary["expected_initial_loss"] == pytest.approx(np.log(len(CLASSES)))
     # What a classifier's user looks at: each class's accuracy by name, the confusion matrix.
     assert (Path(straight.run_dir) / "confusion.png").stat().st_size > 0
     report = (Path(straight.run_dir) / "summary.md").read_text()
@@ -271,6 +284,8 @@ def test_a_timm_backbone_loads_strictly_starts_at_ln_classes_and_overfits_one_ba
     save_file({**saved, "extra.weight": torch.zeros(1)}, weights)
     with pytest.raises(ValueError, match="does not hold resnet10t's weights .*unexpected: extra"):
         build_model(config)
+    with pytest.raises(ValueError, match="'resnet1ot' is not a timm model"):
+        build_model(dataclasses.replace(config, backbone="resnet1ot"))
 
 
 def test_validation_sums_count_each_class_and_the_top_5():

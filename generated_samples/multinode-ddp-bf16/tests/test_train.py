@@ -101,7 +101,7 @@ def test_a_run_writes_its_weights_tensorboard_events_a_plot_and_a_trace(config):
     assert scalars.keys() >= {"train/lr", "train/grad_norm", "train/samples_per_second"}
     for name in METRICS:
         assert scalars[f"val/{name.removeprefix('val_')}"][-1][1] == pytest.approx(summary[name])
-    assert len(list((run_dir / "tensorboard").iterdir())) == 1
+    assert len(list((run_dir / "tensorboard").glob("events.out.tfevents.*"))) == 1
     assert_loss_curve_png(run_dir / "loss_curve.png")
     trace = json.loads((run_dir / "profile" / "rank0.pt.trace.json").read_text())
     spans = {event["name"] for event in trace["traceEvents"] if event.get("ph") == "X"}

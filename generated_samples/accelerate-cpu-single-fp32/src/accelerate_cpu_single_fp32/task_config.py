@@ -78,7 +78,10 @@ class TaskConfig:
             choices = ", ".join(MODEL_FAMILIES)
             problems.append(f"model_family must be one of {choices}, got {self.model_family!r}")
         if self.model_family == "timm" and not self.data_dir:
-            problems.append('model_family = "timm" trains on RGB images: set data_dir (prepare)')
+            problems.append(
+                'model_family = "timm" fine-tunes on your RGB images, not the 8x8 digits: prepare '
+                "them (python -m accelerate_cpu_single_fp32.prepare) and set data_dir to the folder"
+            )
         if self.augment_policy not in AUGMENT_POLICIES:
             choices = ", ".join(AUGMENT_POLICIES)
             problems.append(f"augment_policy must be one of {choices}, got {self.augment_policy!r}")

@@ -17,6 +17,7 @@ rest of the project needs from it (`train.py` imports nothing else from here):
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -24,7 +25,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from .config import Config
-from .images import read_manifest, sample_seed
+from .images import EVAL_CROP, MANIFEST, read_manifest, sample_seed
 
 NUM_CLASSES = 10
 IMAGE_SHAPE = (1, 8, 8)
@@ -101,8 +102,16 @@ def input_spec(config: Config) -> tuple[int, tuple[int, int, int]]:
 
 
 def prepare_hint(config: Config) -> str:
-    """How to prepare images where `data_dir` names none."""
-    return f"run `python -m accelerate_cuda_ddp_bf16.prepare YOUR_IMAGES --out {config.data_dir}`"
+    """How to prepare images where `data_dir` names none: into it where it is empty or new,
+    else (your photos themselves, say) into a folder of their own."""
+    data_dir = Path(config.data_dir)
+    command = "python -m accelerate_cuda_ddp_bf16.prepare"
+    if data_dir.is_dir() and any(data_dir.iterdir()):
+        return (
+            f"it holds no {MANIFEST}: prepare it into a folder of its own, "
+            f"`{command} {data_dir} --out data/{data_dir.name}-prepared`, and set data_dir to it"
+        )
+    return f"run `{command} YOUR_IMAGES --out {data_dir}`"
 
 
 def build_datasets(config: Config) -> tuple[Dataset, Dataset]:
@@ -147,6 +156,13 @@ def prepared_datasets(config: Config) -> tuple[Dataset, Dataset]:
 
     data_dir = Path(config.data_dir)
     manifest = read_manifest(data_dir, prepare_hint(config))
+    if manifest.image_size < config.image_size:
+        warnings.warn(
+            f"{data_dir} stores images of {manifest.image_size} px (shorter side) and "
+            f"image_size={config.image_size}: every crop is upscaled; prepare with --image-size "
+            f"{round(config.image_size / EVAL_CROP)} or lower image_size",
+            stacklevel=2,
+        )
     size, stats = config.image_size, (IMAGENET_MEAN, IMAGENET_STD)
     if config.model_family == "timm":  # the statistics the backbone was trained with
         from .backbone import backbone_name, normalization

@@ -45,8 +45,8 @@ def run_classes(run_dir: Path, config: Config) -> tuple[tuple[str, ...], int]:
     """
     if not config.data_dir:
         raise ValueError(
-            f"the run in {run_dir} trained on the bundled 8x8 digits; predict classifies photos "
-            "for a run on prepared images (data_dir)"
+            f"the run in {run_dir} trained on the bundled 8x8 digits; name a run on prepared "
+            "images with --run-dir"
         )
     manifest = manifest_at(run_dir / RUN_MANIFEST)
     if manifest is None:

@@ -167,6 +167,31 @@ def locked(folder: Path, wait: bool) -> Iterator[bool]:
         os.close(descriptor)  # drops the lock
 
 
+def check_replaceable(out: Path, marker: str, sources: list[Path]) -> None:
+    """Refuse to prepare into `out` where `replace_folder` would destroy what is not prepared
+    data: a file, a folder that is not empty and holds no `marker` (a prepared folder's file
+    written last), or a folder that is, holds or lies inside one of `sources`.
+
+    Raises:
+        ValueError: naming the folder and what to pass instead.
+    """
+    out = out.resolve()
+    for source in sources:
+        source = source.resolve()
+        if source == out or out in source.parents or source in out.parents:
+            raise ValueError(
+                f"--out {out} would hold or replace the sources ({source}); prepare writes a "
+                "folder of its own: name another, e.g. data/<name>"
+            )
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; name a folder for the prepared data")
+    if out.is_dir() and not (out / marker).is_file() and any(out.iterdir()):
+        raise ValueError(
+            f"--out {out} already holds files that are not prepared data (no {marker}), and "
+            "prepare replaces the whole folder: name a new or empty folder"
+        )
+
+
 def replace_folder(scratch: Path, out: Path, marker: str) -> None:
     """Put the complete folder `scratch` at `out`: renamed into place, the folder it replaces
     (if any) removed after. A process that prepared the same data at the same time (every rank

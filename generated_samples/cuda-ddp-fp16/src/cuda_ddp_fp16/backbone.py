@@ -21,6 +21,7 @@ as model.py's, kept for backbones that were trained with BatchNorm; Wu and Johns
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import timm
@@ -35,13 +36,18 @@ def backbone_name(backbone: str, init_from: str) -> str:
     """The timm model name: `backbone`, or the `architecture` of init_from's config.json.
 
     Raises:
-        ValueError: neither names one.
+        ValueError: neither names one, or the name is not a timm model.
     """
+    config = Path(init_from) / "config.json"
+    if not backbone and init_from and config.is_file():
+        backbone = json.loads(config.read_text()).get("architecture", "")
+    if backbone and not timm.is_model(backbone):
+        raise ValueError(
+            f'backbone={backbone!r} is not a timm model; python -c "import timm; '
+            "print(timm.list_models('resnet*'))\" lists the names"
+        )
     if backbone:
         return backbone
-    config = Path(init_from) / "config.json"
-    if init_from and config.is_file():
-        return json.loads(config.read_text())["architecture"]
     raise ValueError(
         'model_family = "timm" needs backbone = "<a timm model name>" (e.g. resnet50), or an '
         "init_from folder whose config.json names its architecture"
@@ -128,6 +134,12 @@ class TimmClassifier(nn.Module):
             nn.Dropout(dropout), nn.Linear(self.backbone.num_features, num_classes)
         )
         self.source = weights_file(init_from) if init_from else None
+        if self.source is None:
+            warnings.warn(
+                f"no init_from: {name} starts from timm's random initialisation, not from "
+                "pretrained weights",
+                stacklevel=2,
+            )
         self._weights: dict[str, Tensor] | None = None
         if self.source is not None:  # refused now, before any engine places the model
             state = read_weights(self.source)

@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 
 from .config import Config, command_parser, load_config, user_errors
-from .images import ImageManifest, Options, prepare_images
-from .images.augment import EVAL_CROP
+from .images import EVAL_CROP, ImageManifest, Options, prepare_images
 
 DEFAULT_OUT = "data/images"
 

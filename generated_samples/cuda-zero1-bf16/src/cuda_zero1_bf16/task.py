@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .data import NUM_CLASSES
+from .config import Config
+from .data import NUM_CLASSES, input_spec
 from .runtime import Runtime
 
 EXPECTED_INITIAL_LOSS = math.log(NUM_CLASSES)  # a uniform prediction's cross-entropy
@@ -29,6 +30,12 @@ TOP_K = 5
 # The log keeps the confusion matrix up to this many classes (a validation's record would hold
 # classes^2 counts: 1M for ImageNet's 1,000, unreadable as a figure anyway).
 CONFUSION_MAX_CLASSES = 100
+
+
+def expected_initial_loss(config: Config) -> float:
+    """A uniform prediction's cross-entropy over the data's classes (`data.input_spec`): the
+    prepared images' where `data_dir` is set, EXPECTED_INITIAL_LOSS for the digits."""
+    return math.log(input_spec(config)[0])
 
 
 def loss_fn(logits: Tensor, targets: Tensor) -> Tensor:

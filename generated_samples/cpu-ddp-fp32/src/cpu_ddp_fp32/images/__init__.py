@@ -5,11 +5,12 @@ read back and augmented per sample with torchvision (`augment.py`, imported only
 images are read: the bundled digits need torch alone)."""
 
 from .pipeline import Options, prepare_images
-from .randomness import AUGMENT_POLICIES, sample_seed
+from .recipe import AUGMENT_POLICIES, EVAL_CROP, sample_seed
 from .store import MANIFEST, ImageManifest, StoredImages, read_manifest
 
 __all__ = [
     "AUGMENT_POLICIES",
+    "EVAL_CROP",
     "MANIFEST",
     "ImageManifest",
     "Options",

@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from ..state_io import (
     atomic_write_text,
+    check_replaceable,
     locked,
     remove_stale_scratch,
     replace_folder,
@@ -90,6 +91,7 @@ def prepare_images(
     options.check()
     started = time.perf_counter()
     found = find_images(sources)
+    check_replaceable(out, MANIFEST, [Path(source) for source in sources])
     request = {
         "format": FORMAT,
         "sources": [source_record(item) for item in found.items],

@@ -8,7 +8,7 @@ Evaluation: resize the shorter side to image_size / 0.875 and take the centre cr
 ImageNet evaluation convention), deterministic.
 
 Each training sample's random draws come from torch's generator reseeded with
-`sample_seed(seed, epoch, index)` (randomness.py) around its transform, then restored: a sample is
+`sample_seed(seed, epoch, index)` (recipe.py) around its transform, then restored: a sample is
 augmented the same way whichever process, worker or batch reads it, and the training
 process's own random stream (dropout) is untouched where it reads batches itself
 (`num_workers=0`).
@@ -22,17 +22,15 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-from .randomness import sample_seed
+from .recipe import EVAL_CROP, sample_seed
 from .store import StoredImages
-
-EVAL_CROP = 0.875  # the centre crop's share of the resized shorter side
 
 
 def train_transform(
     image_size: int, policy: str, mean: tuple[float, ...], std: tuple[float, ...]
 ) -> v2.Compose:
     """uint8 `[3, H, W]` -> float32 `[3, image_size, image_size]`, randomly cropped, flipped
-    and (a `policy` other than none: randomness.AUGMENT_POLICIES) augmented, then normalised."""
+    and (a `policy` other than none: recipe.AUGMENT_POLICIES) augmented, then normalised."""
     steps = [v2.RandomResizedCrop(image_size, antialias=True), v2.RandomHorizontalFlip()]
     if policy == "trivialaugment":
         steps.append(v2.TrivialAugmentWide())

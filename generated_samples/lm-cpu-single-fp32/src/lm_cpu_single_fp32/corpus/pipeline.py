@@ -49,6 +49,7 @@ from tqdm import tqdm
 from ..state_io import (
     FULL_DISK,
     atomic_write_text,
+    check_replaceable,
     locked,
     remove_stale_scratch,
     replace_folder,
@@ -181,6 +182,7 @@ def prepare(
     options = dataclasses.replace(options or Options(), **settings)
     options.check()
     sources = find_sources(patterns)
+    check_replaceable(out, MANIFEST, list(sources.files))
     budgets = read_budgets(sources.files, options.max_bytes)
     named = options.tokenizer not in ("bytes", "bpe")  # a tokenizer.json: its content counts
     request = {

@@ -81,6 +81,13 @@ def plot_and_name_files(config: Config, runtime: Runtime) -> dict[str, str | Non
     }
 
 
+def expected_initial_loss(config: Config) -> float:
+    """The initial loss of random weights: the task's `expected_initial_loss(config)` hook where
+    its data decide it (the classes a prepare found, say), else EXPECTED_INITIAL_LOSS."""
+    hook = getattr(task, "expected_initial_loss", None)
+    return EXPECTED_INITIAL_LOSS if hook is None else hook(config)
+
+
 def task_report(config: Config, runtime: Runtime) -> tuple[dict[str, str], list[str]]:
     """The task's own figures and summary lines at a run's end (main process, `plot` on), where
     task.py has a `task_report(run_dir, tensorboard)` hook; else none."""
@@ -153,7 +160,7 @@ def build_summary(
         "epochs": state.epochs_done(),
         "early_stopped": early_stopped,
         "initial_loss": state.initial_loss,
-        "expected_initial_loss": EXPECTED_INITIAL_LOSS,
+        "expected_initial_loss": expected_initial_loss(config),
         "resumed_from": resumed_from,
         "world_size_changes": state.world_size_changes,
         "data_changes": state.data_changes,

@@ -65,7 +65,8 @@ def write_confusion(
     run_dir: Path, validation: dict[str, Any], classes: list[str], tensorboard: bool
 ) -> Path:
     """Draw `validation`'s confusion matrix to run_dir/CONFUSION_FILE (atomically) and, with
-    `tensorboard`, as the image `val/confusion` at its step; return the PNG's path."""
+    `tensorboard`, as the image `val/confusion` at its step (in tensorboard/confusion/, which
+    TensorBoard lists as a run of its own); return the PNG's path."""
     figure = draw_confusion(validation["val_confusion"], classes, validation["step"])
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")
@@ -74,6 +75,7 @@ def write_confusion(
     if tensorboard:
         from torch.utils.tensorboard import SummaryWriter
 
-        with SummaryWriter(str(run_dir / "tensorboard")) as writer:
+        # A writer of its own, in a folder of its own: the run's event file is closed by now.
+        with SummaryWriter(str(run_dir / "tensorboard" / "confusion")) as writer:
             writer.add_figure("val/confusion", figure, validation["step"])
     return out
