@@ -125,7 +125,8 @@ def headroom(data_dir: Path, batches: int, steps: int) -> str:
     command = [sys.executable, "-m", "cpu_single_fp32.data_headroom"]
     command += ["--batches", str(batches), "--steps", str(steps), *overrides]
     result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=SAMPLE)
-    return (result.stdout + result.stderr).strip().splitlines()[-1]
+    lines = (result.stdout + result.stderr).strip().splitlines()
+    return next((line for line in reversed(lines) if "headroom" in line.lower()), lines[-1])
 
 
 def main() -> None:

@@ -1,14 +1,14 @@
 """Prepared images: `manifest.json` and the uint8 shards `prepare` writes beside it, read back
 memory-mapped, one image at a time.
 
-Per split (train, val): shard files `<split>-<n>.pixels`, each the images' RGB bytes one after
-another (`[height, width, 3]` each, row-major), and `<split>.index.npy`, int64 `[images, 5]`:
-each image's shard number, byte offset, height, width and class id, in the order prepare read
-them. The manifest is the contract between prepare and training: the classes in class-id order,
-the storage size (every image's shorter side), counts per class and split, the files with
-their SHA-256, the images skipped as unreadable, and the request (sources with sizes and
-modification times, and the settings) that prepared them. It is written last: a folder without
-one holds nothing a run would read.
+Per split (train, val): shard files `<split>-<job>.pixels` (the manifest lists them in order),
+each the images' RGB bytes one after another (`[height, width, 3]` each, row-major), and
+`<split>.index.npy`, int64 `[images, 5]`: each image's shard number, byte offset, height, width
+and class id, in the order prepare read them. The manifest is the contract between prepare and
+training: the classes in class-id order, the storage size (every image's shorter side), counts
+per class and split, the files with their SHA-256, the images skipped as unreadable, and the
+request (sources with sizes and modification times, and the settings) that prepared them. It
+is written last: a folder without one holds nothing a run would read.
 
 Nothing here imports torch: prepare's worker processes import this.
 """

@@ -10,17 +10,19 @@ prepare of the same sources). An image Pillow cannot read whole is skipped and l
 manifest, up to `max_bad` of them: more than that fails the prepare, as most likely something
 is wrong with the sources rather than with a few files.
 
-Memory is bounded whatever the number of images: the workers' results stream to the shard
-files in order. Everything is written in a temporary folder that replaces `out` only once
-complete (state_io.scratch_folder): an interrupted or failed prepare leaves `out` as it was. A
-re-run on unchanged sources (paths, sizes and modification times) with the same settings does
-nothing.
+Memory is bounded whatever the number of images: a worker decodes a job of consecutive images
+(JOB_IMAGES at most) straight into shard files of its own and hashes them, so only index rows
+travel back, and the shards keep the sources' order. Everything is written in a temporary
+folder that replaces `out` only once complete (state_io.scratch_folder): an interrupted or
+failed prepare leaves `out` as it was. A re-run on unchanged sources (paths, sizes and
+modification times) with the same settings does nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import random
 import signal
 import time
@@ -46,18 +48,19 @@ from .decode import BadImage, decode_image
 from .sources import Found, Item, find_images
 from .store import FORMAT, MANIFEST, SPLITS, ImageManifest, file_sha256, manifest_at
 
+JOB_IMAGES = 1024  # a job's images, decoded by one worker into a shard per split (~200 MB at 256)
+
 
 @dataclass(frozen=True)
 class Options:
     """prepare's settings: `image_size` the stored shorter side (pixels), `val_fraction` of
     each class held out where the sources have no `val/` images, `seed` of that draw, `max_bad`
-    unreadable images skipped before prepare fails, `shard_bytes` a shard's most bytes."""
+    unreadable images skipped before prepare fails."""
 
     image_size: int = 256
     val_fraction: float = 0.1
     seed: int = 0
     max_bad: int = 100
-    shard_bytes: int = 1 << 30
 
     def check(self) -> None:
         """Raises ValueError for a setting outside its range."""
@@ -154,41 +157,71 @@ def assign_splits(found: Found, options: Options) -> list[str]:
     return splits
 
 
-def decode_job(job: tuple[int, str, int]) -> tuple[int, np.ndarray | str]:
-    """A worker's call: (number, pixels) of one image, or (number, why it was skipped)."""
-    number, path, size = job
-    try:
-        return number, decode_image(Path(path), size)
-    except BadImage as error:
-        return number, str(error)
+@dataclass(frozen=True)
+class Job:
+    """Consecutive images (in the sources' order) that one worker decodes into shard files of
+    its own: (position in the sources, path, split, class id) each."""
+
+    number: int
+    images: tuple[tuple[int, str, str, int], ...]
+
+
+@dataclass
+class JobResult:
+    """What a job wrote: per split its shard file (None: no image of that split) with its
+    SHA-256 and index rows (shard column 0 until the job's place is known), and the images
+    skipped as unreadable ({"path", "reason"})."""
+
+    number: int
+    files: dict[str, tuple[str, str] | None]
+    rows: dict[str, list[tuple[int, int, int, int, int]]]
+    skipped: list[dict[str, str]]
+
+
+def make_jobs(found: Found, splits: list[str], workers: int) -> list[Job]:
+    """The images in jobs of at most JOB_IMAGES, at least four per worker where there are
+    that many images (the last jobs are short: the pool balances them)."""
+    class_ids = {label: number for number, label in enumerate(found.classes)}
+    images = [
+        (number, str(item.path), splits[number], class_ids[item.label])
+        for number, item in enumerate(found.items)
+    ]
+    size = max(1, min(JOB_IMAGES, -(-len(images) // (4 * max(workers, 1)))))
+    return [
+        Job(number, tuple(images[start : start + size]))
+        for number, start in enumerate(range(0, len(images), size))
+    ]
+
+
+def decode_job(job: Job, scratch: Path, image_size: int) -> JobResult:
+    """A worker's call: decode `job`'s images into `scratch`/<split>-<job>.pixels (one file
+    per split, images one after another), hash them; unreadable images are skipped."""
+    result = JobResult(job.number, {}, {split: [] for split in SPLITS}, [])
+    offsets = dict.fromkeys(SPLITS, 0)
+    with contextlib.ExitStack() as stack:
+        files = {}
+        for _, path, split, label in job.images:
+            try:
+                pixels = decode_image(Path(path), image_size)
+            except BadImage as error:
+                result.skipped.append({"path": path, "reason": str(error)})
+                continue
+            if split not in files:
+                name = f"{split}-{job.number:05d}.pixels"
+                files[split] = (name, stack.enter_context(open(scratch / name, "wb")))
+            files[split][1].write(pixels.tobytes())
+            height, width, _ = pixels.shape
+            result.rows[split].append((0, offsets[split], height, width, label))
+            offsets[split] += pixels.nbytes
+    for split in SPLITS:
+        name = files[split][0] if split in files else None
+        result.files[split] = (name, file_sha256(scratch / name)) if name else None
+    return result
 
 
 def ignore_interrupts() -> None:
     """A worker leaves the terminal's Ctrl-C to prepare, which ends the pool."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-class ShardWriter:
-    """Appends a split's images to shard files of at most `shard_bytes` each, and records
-    their index rows (store.py's INDEX_COLUMNS). A file is opened per image, for append: a few
-    microseconds beside the milliseconds of its decode, and nothing left open on an error."""
-
-    def __init__(self, folder: Path, split: str, shard_bytes: int):
-        self.folder, self.split, self.shard_bytes = folder, split, shard_bytes
-        self.names: list[str] = []
-        self.rows: list[tuple[int, int, int, int, int]] = []
-        self.offset = 0
-
-    def add(self, pixels: np.ndarray, label: int) -> None:
-        size = pixels.nbytes
-        if not self.names or (self.offset and self.offset + size > self.shard_bytes):
-            self.names.append(f"{self.split}-{len(self.names):05d}.pixels")
-            self.offset = 0
-        with open(self.folder / self.names[-1], "ab") as file:
-            file.write(pixels.tobytes())
-        height, width, _ = pixels.shape
-        self.rows.append((len(self.names) - 1, self.offset, height, width, label))
-        self.offset += size
 
 
 def write_images(
@@ -200,29 +233,38 @@ def write_images(
     workers: int,
     progress: bool,
 ) -> ImageManifest:
-    """Decode every image (in `workers` processes) into `scratch`'s shards; the manifest."""
-    class_ids = {label: number for number, label in enumerate(found.classes)}
-    writers = {split: ShardWriter(scratch, split, options.shard_bytes) for split in SPLITS}
+    """Decode every image into `scratch`'s shards, a job of consecutive images at a time in
+    `workers` processes (each writes and hashes its own shard files: nothing but index rows
+    comes back); the manifest. The shards keep the sources' order: a job's shard follows the
+    one before it, whichever worker finished first."""
+    jobs = make_jobs(found, splits, workers)
+    shards = {split: [] for split in SPLITS}
+    rows = {split: [] for split in SPLITS}
+    files, skipped = {}, []
     counts = {split: Counter() for split in SPLITS}
-    skipped = []
-    jobs = ((n, str(item.path), options.image_size) for n, item in enumerate(found.items))
     pool = None
     if workers:
         pool = get_context("spawn").Pool(workers, initializer=ignore_interrupts)
+    decode = functools.partial(decode_job, scratch=scratch, image_size=options.image_size)
     try:
-        results = pool.imap(decode_job, jobs, chunksize=8) if pool else map(decode_job, jobs)
+        results = pool.imap(decode, jobs) if pool else map(decode, jobs)
         bar = tqdm(total=len(found.items), unit="img", disable=not progress, smoothing=0.05)
         with bar:
-            for number, pixels in results:
-                bar.update()
-                item = found.items[number]
-                if isinstance(pixels, str):
-                    skipped.append({"path": str(item.path), "reason": pixels})
-                    if len(skipped) > options.max_bad:
-                        raise ValueError(too_many_bad(skipped, options.max_bad))
-                    continue
-                writers[splits[number]].add(pixels, class_ids[item.label])
-                counts[splits[number]][item.label] += 1
+            for job, result in zip(jobs, results, strict=True):
+                bar.update(len(job.images))
+                skipped += result.skipped
+                if len(skipped) > options.max_bad:
+                    raise ValueError(too_many_bad(skipped, options.max_bad))
+                for split in SPLITS:
+                    if result.files[split] is None:
+                        continue
+                    name, sha256 = result.files[split]
+                    files[name] = sha256
+                    number = len(shards[split])
+                    shards[split].append(name)
+                    rows[split] += [(number, *row[1:]) for row in result.rows[split]]
+                    for row in result.rows[split]:
+                        counts[split][found.classes[row[-1]]] += 1
     finally:
         if pool is not None:
             pool.terminate()  # done, or stopping early: nothing left to wait for
@@ -234,21 +276,20 @@ def write_images(
                 f"class(es) {', '.join(empty)} have no readable training images; add some or "
                 "remove them"
             )
-        if not writers[split].rows:
+        if not rows[split]:
             raise ValueError(f"no readable {split} images; add some")
-    files, index = {}, {}
-    for split, writer in writers.items():
+    index = {}
+    for split in SPLITS:
         index[split] = f"{split}.index.npy"
-        np.save(scratch / index[split], np.array(writer.rows, dtype=np.int64))
-        for name in [*writer.names, index[split]]:
-            files[name] = file_sha256(scratch / name)
+        np.save(scratch / index[split], np.array(rows[split], dtype=np.int64))
+        files[index[split]] = file_sha256(scratch / index[split])
     return ImageManifest(
         classes=found.classes,
         image_size=options.image_size,
         counts={
             split: {label: counts[split][label] for label in found.classes} for split in SPLITS
         },
-        shards={split: writer.names for split, writer in writers.items()},
+        shards=shards,
         index=index,
         files=files,
         skipped=skipped,
