@@ -61,7 +61,13 @@ NOTES: dict[str, str] = {
         "(seed, epoch, index): a run resumed from an older checkpoint continues with other "
         "shifts than it would have drawn. model.py averages the last feature map down to 4x4 "
         "(the identity on the digits). state_io.py holds the prepared folders' scratch and "
-        "replace helpers that corpus/pipeline.py held"
+        "replace helpers that corpus/pipeline.py held. The optimizer's groups may carry a "
+        "rate of their own (training/optim.py: a task's task_lr_scale hook) and the LR "
+        "schedule has one multiplier per group; checkpoints of earlier versions load as they "
+        "are. configs/train.toml gains the image settings (data_dir, image_size, "
+        "augment_policy, model_family, backbone, init_from, backbone_lr_ratio, "
+        "freeze_backbone_epochs): where task_config.py is your own task's, delete those lines "
+        "(config.py refuses a key your TaskConfig does not have)"
     ),
 }
 

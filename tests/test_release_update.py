@@ -45,6 +45,10 @@ OWNER_EDITS = [
 ]  # fmt: skip
 
 RUN = ["model_size=25K", "epochs=1", "checkpoint_every=4", "device=cpu", "run_dir=runs/a"]
+# The digits' random shifts are drawn per sample from 0.5.0 on (scaffold.migrations.NOTES): an
+# updated run draws other shifts than the release before would have, by design. Off here, so
+# that what is compared is the machinery the update carries across.
+RUN.append("augment=false")
 STOP_AT = 6  # optimizer steps before the update; an epoch here is 18
 
 

@@ -381,9 +381,15 @@ LADDER_RUNS = [
 ]
 
 
+# The example's own settings (its TaskConfig's): the digits' augmentation, the prepared
+# images' and the timm backbone's. A task of one's own drops them with the example.
+EXAMPLE_KEYS = ("augment", "augment_policy", "data_dir", "image_size", "model_family")
+EXAMPLE_KEYS += ("backbone", "init_from", "backbone_lr_ratio", "freeze_backbone_epochs")
+
+
 def my_train_toml(text: str) -> str:
-    """configs/train.toml without the example's own setting, with my task's monitor."""
-    lines = [line for line in text.splitlines() if not line.startswith("augment =")]
+    """configs/train.toml without the example's own settings, with my task's monitor."""
+    lines = [line for line in text.splitlines() if line.split(" =")[0] not in EXAMPLE_KEYS]
     text = "\n".join(lines) + "\n"
     text = re.sub(r'^run_dir = "[^"]*"', 'run_dir = "runs/points"', text, flags=re.M)
     return re.sub(r'^monitor = "val_loss"', 'monitor = "val_r2"', text, flags=re.M)

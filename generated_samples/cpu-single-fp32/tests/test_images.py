@@ -280,6 +280,26 @@ def test_a_timm_backbone_loads_strictly_starts_at_ln_classes_and_overfits_one_ba
         loss.backward()
         optimizer.step()
     assert loss.item() < 0.05, loss.item()
+    # The backbone at a tenth of the head's rate, and still for its first epoch (2 steps here).
+    from cpu_single_fp32.training import build_optimizer, build_scheduler
+
+    slow = dataclasses.replace(config, backbone_lr_ratio=0.1, freeze_backbone_epochs=1)
+    optimizer = build_optimizer(model, slow)
+    scheduler = build_scheduler(optimizer, slow, total_steps=10, steps_per_epoch=2)
+    backbone = [g for g in optimizer.param_groups if g.get("frozen_epochs") == 1]
+    head = [g for g in optimizer.param_groups if "frozen_epochs" not in g]
+    assert backbone and head and all(g["initial_lr"] == 0.1 * slow.lr for g in backbone)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    for step in range(3):
+        assert all(g["lr"] == 0 for g in backbone) == (step < 2)
+        assert all(g["lr"] > 0 for g in head)
+        optimizer.zero_grad()
+        loss_fn(model(images), labels).backward()
+        optimizer.step()
+        scheduler.step()
+        if step == 0:
+            moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+            assert "head.1.weight" in moved and not any(n.startswith("backbone.") for n in moved)
     # A file of another model is refused by name, before anything is built.
     save_file({**saved, "extra.weight": torch.zeros(1)}, weights)
     with pytest.raises(ValueError, match="does not hold resnet10t's weights .*unexpected: extra"):

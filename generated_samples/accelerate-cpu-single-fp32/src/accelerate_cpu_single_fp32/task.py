@@ -65,9 +65,11 @@ def eval_sums(logits: Tensor, targets: Tensor) -> Tensor:
     top = logits.topk(min(TOP_K, classes), dim=-1).indices
     top_correct = (top == targets[:, None]).any(dim=-1).sum()
     count = torch.tensor(float(len(targets)), device=logits.device)
-    confusion = torch.bincount(targets * classes + predicted, minlength=classes * classes)
+    cells = targets * classes + predicted  # row: the true class, column: the predicted one
+    confusion = torch.zeros(classes * classes, dtype=torch.float64, device=logits.device)
+    confusion.index_add_(0, cells, torch.ones_like(cells, dtype=torch.float64))
     head = torch.stack([loss_sum.double(), correct.double(), top_correct.double(), count.double()])
-    return torch.cat([head, confusion.double()])
+    return torch.cat([head, confusion])
 
 
 def validation_metrics(totals: dict[str, Any]) -> dict[str, Any]:

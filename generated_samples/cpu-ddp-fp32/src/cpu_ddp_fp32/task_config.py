@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from .images import AUGMENT_POLICIES, MANIFEST
 from .images.store import manifest_at
@@ -30,6 +30,8 @@ class TaskConfig:
     model_family: str = "cnn"
     backbone: str = ""
     init_from: str = ""
+    backbone_lr_ratio: float = 0.1
+    freeze_backbone_epochs: int = 0
     dropout: float = 0.1
     epochs: int = 30
     micro_batch_size: int = 64
@@ -57,6 +59,26 @@ class TaskConfig:
         manifest = manifest_at(Path(self.data_dir) / MANIFEST) if self.data_dir else None
         return manifest.fingerprint() if manifest else ""
 
+    def task_data_change(self, saved: dict[str, Any], run_dir: str) -> tuple[str, None] | None:
+        """How the images in `data_dir` differ from those a checkpoint trained on (`saved`: its
+        config), or None where they are the same; a run may go on with changed images
+        (`allow_data_change`). A checkpoint of an earlier version recorded no fingerprint: it
+        trained on the digits ('')."""
+        before = saved.get("data_fingerprint", "")
+        if before == self.data_fingerprint:
+            return None
+        now = f"the images in {self.data_dir}" if self.data_dir else "the digits"
+        return f"{now} are not those the checkpoint trained on", None
+
+    def task_lr_scale(self, name: str) -> tuple[float, int]:
+        """(factor of the peak LR, epochs held at 0) of parameter `name` (training/optim.py's
+        hook): a timm backbone's pretrained weights `backbone_lr_ratio` and
+        `freeze_backbone_epochs`, so the new head learns first and fastest; (1, 0) for the rest
+        and for the example's CNN."""
+        if self.model_family == "timm" and "backbone" in name.split("."):
+            return self.backbone_lr_ratio, self.freeze_backbone_epochs
+        return 1.0, 0
+
     def task_run_files(self) -> dict[str, Path]:
         """Files a run keeps in its folder, copied there when a launch starts, so its weights
         stay usable whatever becomes of `data_dir`: the prepared images' manifest
@@ -81,6 +103,12 @@ class TaskConfig:
             problems.append(
                 'model_family = "timm" fine-tunes on your RGB images, not the 8x8 digits: prepare '
                 "them (python -m cpu_ddp_fp32.prepare) and set data_dir to the folder"
+            )
+        if not 0 < self.backbone_lr_ratio <= 1:
+            problems.append(f"backbone_lr_ratio must be in (0, 1], got {self.backbone_lr_ratio!r}")
+        if self.freeze_backbone_epochs < 0:
+            problems.append(
+                f"freeze_backbone_epochs must be >= 0, got {self.freeze_backbone_epochs!r}"
             )
         if self.augment_policy not in AUGMENT_POLICIES:
             choices = ", ".join(AUGMENT_POLICIES)

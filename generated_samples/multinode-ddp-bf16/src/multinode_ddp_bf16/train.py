@@ -81,7 +81,8 @@ class Trainer:
         seed_all(config.seed + runtime.rank)  # from here on, per-rank dropout streams
         self.engine = Engine(model, lambda module: build_optimizer(module, config), runtime, config)
         self.state = starting_state(config, self.train_loader, runtime.world_size)
-        self.scheduler = build_scheduler(self.engine.optimizer, config, self.state.run_steps)
+        steps = (self.state.run_steps, self.state.steps_per_epoch)
+        self.scheduler = build_scheduler(self.engine.optimizer, config, *steps)
         shared = {"scheduler": self.scheduler, "progress": self.state}
         per_rank = {"data_position": self.state.data}
         self.checkpoints = CheckpointManager(config, runtime, self.engine, shared, per_rank)

@@ -42,8 +42,9 @@ class TrainState:
     Not saved: `data`, the training data's position (`data_position.DataPosition`: its own
     checkpoint component, one per rank); `step_budget`, the steps the run may take besides its
     epochs (`Config.step_budget`; 0: none); `run_steps`, the run's length in steps
-    (`Config.run_steps`), which its LR schedule spans. `world_size_changes` records each resume
-    on another number of processes (`checkpoint.world_size.WorldSizeChange` as a dict),
+    (`Config.run_steps`), which its LR schedule spans, and `steps_per_epoch` (of the start's
+    world size), which a group's frozen epochs are counted in. `world_size_changes` records
+    each resume on another number of processes (`checkpoint.world_size.WorldSizeChange` as a dict),
     `data_changes` each one on changed data (`checkpoint.resume.continue_on_new_data`).
     """
 
@@ -62,6 +63,7 @@ class TrainState:
     data: Any = field(default=None, repr=False, compare=False)
     step_budget: int = field(default=0, repr=False, compare=False)
     run_steps: int = field(default=0, repr=False, compare=False)
+    steps_per_epoch: int = field(default=0, repr=False, compare=False)
 
     def state_dict(self) -> dict[str, Any]:
         """Plain types only, so `torch.load(weights_only=True)` reads it back (not `data`)."""
@@ -82,7 +84,7 @@ class TrainState:
             setattr(self, name, state[name])
 
     def _saved_fields(self) -> list[str]:
-        unsaved = ("data", "step_budget", "run_steps")
+        unsaved = ("data", "step_budget", "run_steps", "steps_per_epoch")
         return [field.name for field in dataclasses.fields(self) if field.name not in unsaved]
 
     def epoch_batches(self) -> Iterator:

@@ -110,4 +110,5 @@ def starting_state(config: Config, loader: DataLoader, world_size: int) -> Train
         data=DataPosition(loader),
         step_budget=config.step_budget(world_size),
         run_steps=config.run_steps(steps_per_epoch, world_size),
+        steps_per_epoch=steps_per_epoch,
     )
