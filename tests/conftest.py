@@ -133,6 +133,17 @@ def project_python(project: Path) -> str:
 VISION_PYTHON = REPO_ROOT / ".venv-vision" / "bin" / "python"
 
 
+def extensions_env(python: str) -> dict[str, str]:
+    """Where `python`'s torch keeps compiled extensions (DeepSpeed's CPU ops): a folder of its
+    own for .venv-vision's torch. TORCH_EXTENSIONS_DIR holds the ops under their names alone,
+    so two torch builds sharing it would overwrite each other's builds (and wait on each
+    other's locks)."""
+    if python == sys.executable:
+        return {}
+    default = Path.home() / ".cache" / "torch_extensions"
+    return {"TORCH_EXTENSIONS_DIR": f"{os.environ.get('TORCH_EXTENSIONS_DIR', default)}-vision"}
+
+
 def run_in_project(project: Path, *command: str) -> subprocess.CompletedProcess:
     """Run `python COMMAND...` inside a rendered project with its `src/` importable."""
     # One torch thread per process: pytest-xdist already runs one variant per core.
@@ -140,6 +151,7 @@ def run_in_project(project: Path, *command: str) -> subprocess.CompletedProcess:
     python = project_python(project)
     # Its commands (torchrun, accelerate) first on PATH: they run with its Python.
     env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", "")])
+    env |= extensions_env(python)
     return subprocess.run([python, *command], cwd=project, env=env, capture_output=True, text=True)
 
 

@@ -17,6 +17,7 @@ import pytest
 from conftest import (
     REPO_ROOT,
     VISION_PYTHON,
+    extensions_env,
     isolate_home,
     ruff,
     run_in_project,
@@ -162,7 +163,7 @@ def start_ops_build(folder: Path, python: str) -> None:
         # torch builds with the first `ninja` on PATH: this interpreter's, as in every test
         # process (scripts/_venv.sh says why a system one beside it would rebuild the ops).
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-        env = {**os.environ, "PATH": path}
+        env = {**os.environ, "PATH": path, **extensions_env(python)}
         subprocess.Popen(["bash", "-c", command, *arguments], env=env, start_new_session=True)
 
 
