@@ -28,7 +28,7 @@ from fabric_cpu_ddp_fp32.train import Trainer
 
 from conftest import config_for_tests, exported_weights
 
-STORED = 20  # the prepared shorter side; the model sees 16 x 16 crops
+STORED = 32  # the prepared shorter side; the example model sees 16 x 16 crops, timm 32 x 32
 CLASSES = ("bird", "cat", "dog")
 EXIF_ORIENTATION = 0x0112  # 6: the camera was turned; rotate 90 degrees clockwise to view
 
@@ -102,7 +102,7 @@ def test_prepare_decodes_every_kind_of_image_and_lists_what_it_skipped(prepared)
     assert any(abs(r - 255) < 8 and g < 8 and b < 8 for r, g, b in pixels)  # CMYK (0,1,1,0): red
     # The rotated photo (stored 40 wide, 20 high, orientation 6) comes out upright: portrait.
     portrait = [s for s in shapes if s[0] > s[1]]
-    assert (40, 20, 3) in portrait
+    assert (2 * STORED, STORED, 3) in portrait
     assert len(portrait) == 1 + 1  # and the 20 x 26 gray one
 
 
@@ -221,14 +221,18 @@ def timm_weights(folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
     import timm
     from safetensors.torch import save_file
 
-    saved = timm.create_model("resnet10t", pretrained=False, num_classes=7).state_dict()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        saved = timm.create_model("resnet10t", pretrained=False, num_classes=7).state_dict()
     save_file(saved, folder / "resnet10t.safetensors")
     return folder / "resnet10t.safetensors", saved
 
 
 def timm_config(run_dir: Path, data_dir: Path, weights: Path, **settings) -> Config:
+    """32 x 32 crops: resnet10t's output stride (check_image_size)."""
     backbone = {"model_family": "timm", "backbone": "resnet10t", "init_from": str(weights)}
-    return images_config(run_dir, data_dir, dropout=0.0, **backbone, **settings)
+    values = {"dropout": 0.0, "image_size": STORED} | backbone
+    return images_config(run_dir, data_dir, **(values | settings))
 
 
 def test_a_timm_backbone_fine_tunes_under_this_engine_and_predict_names_the_classes(
@@ -268,6 +272,8 @@ def test_a_timm_backbone_loads_strictly_starts_at_ln_classes_and_overfits_one_ba
     config = timm_config(tmp_path / "run", data_dir, weights)
     model = materialize(build_on_meta(config), torch.device("cpu"), config.seed)
     assert model.head[1].out_features == len(CLASSES)
+    with pytest.raises(ValueError, match="output stride of 32"):  # its last stage: < 1 pixel
+        build_on_meta(dataclasses.replace(config, image_size=16))
     assert torch.equal(model.state_dict()["backbone.conv1.0.weight"], saved["conv1.0.weight"])
     plain = dataclasses.replace(config, augment=False)
     images, labels = build_datasets(plain)[0][[0, 1, 2, 3]]

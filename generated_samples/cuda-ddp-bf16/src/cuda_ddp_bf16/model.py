@@ -126,9 +126,10 @@ def build_model(config: Config) -> nn.Module:
     "timm"` the `backbone` from timm with a new head (backbone.py; `model_size` unused)."""
     num_classes, image_shape = input_spec(config)
     if config.model_family == "timm":
-        from .backbone import TimmClassifier, backbone_name
+        from .backbone import TimmClassifier, backbone_name, check_image_size
 
         name = backbone_name(config.backbone, config.init_from)
+        check_image_size(name, config.image_size)
         return TimmClassifier(name, num_classes, config.dropout, config.init_from)
     width = width_for_param_count(parse_param_count(config.model_size))
     return DigitsCNN(width, num_classes, dropout=config.dropout, image_shape=image_shape)

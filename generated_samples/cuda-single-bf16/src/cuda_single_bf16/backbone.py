@@ -54,6 +54,27 @@ def backbone_name(backbone: str, init_from: str) -> str:
     )
 
 
+def check_image_size(name: str, image_size: int) -> None:
+    """Refuse crops of `image_size` pixels a side smaller than backbone `name`'s output stride
+    (timm's `feature_info` reduction of its last stage: 32 for a ResNet, 16 for a ViT of
+    16-pixel patches). Its last stage would see less than one pixel of the image, all padding,
+    and CPU convolution kernels in reduced precision gave weight gradients of ~1e27 in ~5% of
+    steps on such 1 x 1 maps here (torch 2.13 and 2.14; pytorch/pytorch#169688 is a kin of it).
+
+    Raises:
+        ValueError: `image_size` is below the output stride.
+    """
+    with torch.device("meta"):
+        model = timm.create_model(name, pretrained=False, num_classes=0)
+    info = getattr(model, "feature_info", None)
+    stride = info[-1]["reduction"] if info else 1
+    if image_size < stride:
+        raise ValueError(
+            f"image_size={image_size} is below {name}'s output stride of {stride} pixels: its "
+            f"last stage would see less than one pixel; raise image_size to at least {stride}"
+        )
+
+
 def weights_file(init_from: str) -> Path:
     """The weights file init_from names (itself, or the one in its folder).
 
