@@ -20,6 +20,7 @@ as model.py's, kept for backbones that were trained with BatchNorm; Wu and Johns
 
 from __future__ import annotations
 
+import functools
 import json
 import warnings
 from pathlib import Path
@@ -64,9 +65,7 @@ def check_image_size(name: str, image_size: int) -> None:
     Raises:
         ValueError: `image_size` is below the output stride.
     """
-    with torch.device("meta"):
-        model = timm.create_model(name, pretrained=False, num_classes=0)
-    info = getattr(model, "feature_info", None)
+    info = getattr(meta_backbone(name), "feature_info", None)
     stride = info[-1]["reduction"] if info else 1
     if image_size < stride:
         raise ValueError(
@@ -213,8 +212,15 @@ class TimmClassifier(nn.Module):
         return fresh.state_dict()
 
 
+@functools.cache
+def meta_backbone(name: str) -> nn.Module:
+    """timm's model `name` without its classifier, on the meta device (no memory, nothing
+    downloaded), built once per process: its `pretrained_cfg` and `feature_info` describe it."""
+    with torch.device("meta"):
+        return timm.create_model(name, pretrained=False, num_classes=0)
+
+
 def normalization(name: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """The channel mean and std the backbone was trained with (its `pretrained_cfg`)."""
-    with torch.device("meta"):
-        model = timm.create_model(name, pretrained=False, num_classes=0)
-    return tuple(model.pretrained_cfg["mean"]), tuple(model.pretrained_cfg["std"])
+    config = meta_backbone(name).pretrained_cfg
+    return tuple(config["mean"]), tuple(config["std"])

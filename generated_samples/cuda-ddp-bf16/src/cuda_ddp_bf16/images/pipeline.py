@@ -263,8 +263,7 @@ def write_images(
                     number = len(shards[split])
                     shards[split].append(name)
                     rows[split] += [(number, *row[1:]) for row in result.rows[split]]
-                    for row in result.rows[split]:
-                        counts[split][found.classes[row[-1]]] += 1
+                    counts[split].update(found.classes[row[-1]] for row in result.rows[split])
     finally:
         if pool is not None:
             pool.terminate()  # done, or stopping early: nothing left to wait for
