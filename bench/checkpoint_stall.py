@@ -1,5 +1,5 @@
 """The training stall per checkpoint, synchronous against background saves:
-`python bench/checkpoint_stall.py [--model-size 50M] [--repeats 3] [--readme]`.
+`python bench/checkpoint_stall.py [--model-size 50M] [--repeats 3] [--readme] [--smoke]`.
 
 The language model at `--model-size` trains in a fresh process (or two, under torchrun, for the
 sharded format) with a checkpoint every `EVERY` optimizer steps, once with
@@ -12,6 +12,8 @@ checkpoint. Runs alternate between the two settings, `--repeats` times, and the 
   torch.distributed.checkpoint (`async_save` in the background).
 
 The target (issue 27): the stall with background saves at most a quarter of the synchronous one.
+`--smoke` checks that every row is still produced (a 100K model on a 40 KB corpus, one run of
+each), not the figures.
 """
 
 from __future__ import annotations
@@ -35,7 +37,17 @@ FORMATS = {"single file": ("lm-cpu-single-fp32", 1), "sharded": ("lm-fsdp2-bf16"
 MARKERS = ("<!-- checkpoint-stall: start -->", "<!-- checkpoint-stall: end -->")
 
 
-def run(variant: str, processes: int, model_size: str, background: bool, scratch: Path) -> dict:
+CORPUS_BYTES = {False: 300_000, True: 40_000}  # the example corpus, by --smoke
+
+
+def run(
+    variant: str,
+    processes: int,
+    model_size: str,
+    background: bool,
+    scratch: Path,
+    corpus_bytes: int = CORPUS_BYTES[False],
+) -> dict:
     """The run summary of one training run of `variant` on `processes` processes."""
     run_dir = scratch / f"run-{variant}-{background}"
     settings = [
@@ -44,7 +56,7 @@ def run(variant: str, processes: int, model_size: str, background: bool, scratch
         "block_size=64",
         "micro_batch_size=4",
         "grad_accum_steps=1",
-        "corpus_bytes=300000",
+        f"corpus_bytes={corpus_bytes}",
         "tokenizer=bytes",
         f"data_dir={scratch / 'corpus'}",
         f"run_dir={run_dir}",
@@ -72,7 +84,7 @@ def run(variant: str, processes: int, model_size: str, background: bool, scratch
     return summary
 
 
-def measure(model_size: str, repeats: int) -> list[dict]:
+def measure(model_size: str, repeats: int, corpus_bytes: int = CORPUS_BYTES[False]) -> list[dict]:
     """One row per format: the median stall per checkpoint and the median seconds per step
     (the run's training time over its steps, saves included), sync and async."""
     rows = []
@@ -83,7 +95,7 @@ def measure(model_size: str, repeats: int) -> list[dict]:
             steps: dict[bool, list[float]] = {False: [], True: []}
             for _ in range(repeats):
                 for background in (False, True):
-                    summary = run(variant, processes, model_size, background, scratch)
+                    summary = run(variant, processes, model_size, background, scratch, corpus_bytes)
                     saves = summary["checkpoint_saves"]
                     stalls[background].append(summary["checkpoint_stall_seconds"] / saves)
                     steps[background].append(summary["train_seconds"] / summary["steps"])
@@ -134,8 +146,14 @@ def main() -> None:
     parser.add_argument("--model-size", default="50M")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--readme", action="store_true", help="write the table into README.md")
+    parser.add_argument("--smoke", action="store_true", help="check every row runs (seconds)")
     args = parser.parse_args()
-    text = table(measure(args.model_size, args.repeats), args.model_size, args.repeats)
+    if args.smoke and args.readme:
+        raise SystemExit("error: --smoke figures are not measurements; drop --readme")
+    if args.smoke:
+        args.model_size, args.repeats = "100K", 1
+    rows = measure(args.model_size, args.repeats, CORPUS_BYTES[args.smoke])
+    text = table(rows, args.model_size, args.repeats)
     print(text)
     if args.readme:
         write_readme(text)

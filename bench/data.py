@@ -1,4 +1,5 @@
-"""The language model's data path, measured: `python bench/data.py [--megabytes 200] [--readme]`.
+"""The language model's data path, measured: `python bench/data.py [--megabytes 200] [--readme]`
+(`--smoke`: every table at SMOKE's sizes, in seconds: a check that they are still produced).
 
 1. Prepare throughput. A corpus of ~`--megabytes` MB of text files (the standard library's
    source, repeated with each copy's lines numbered so that no two copies are equal) is
@@ -35,6 +36,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -43,23 +45,50 @@ MARKERS = ("<!-- data: start -->", "<!-- data: end -->")
 VARIANT = "lm-cpu-single-fp32"
 
 
-def write_corpus(folder: Path, megabytes: int) -> int:
-    """Text files of ~8 MB in `folder`, ~`megabytes` MB in all; returns their bytes."""
+@dataclass(frozen=True)
+class Sizes:
+    """What the tables measure (the module docstring's figures); SMOKE's are the smallest."""
+
+    megabytes: int = 200  # the text corpus of the throughput table
+    vocab_size: int = 8192  # the BPE's tokens
+    bpe_sample_bytes: int = 16 * 10**6  # the text the BPE is trained on
+    record_bytes: int = 60 * 10**6  # the one record of the memory table (1,000 others hold it too)
+    signal_after: float = 1.0  # seconds into prepare's work that the stop signal is sent
+    reader_tokens: tuple[int, int] = (5 * 10**6, 5 * 10**8)  # the two corpora a reader reads
+    reader_batches: int = 2000  # micro-batches the reader reads
+
+
+SMOKE = Sizes(1, 512, 10**6, 10**6, 0.2, (10**5, 10**6), 20)
+
+
+def megabytes(size: int) -> str:
+    """`size` bytes as the tables name them: "60 MB", "~1 GB"."""
+    return f"{size / 10**9:g} GB" if size >= 10**9 else f"{size / 10**6:g} MB"
+
+
+def write_corpus(folder: Path, size_mb: int) -> int:
+    """Text files of ~8 MB in `folder`, `size_mb` MB in all (below 64 MB, a smoke run's, in
+    200 files: a ~10% validation split drawn by each document's hash then holds some out);
+    returns their bytes."""
     lines = stdlib_text().splitlines(keepends=True)
-    total, copy = 0, 0
-    while total < megabytes * 10**6:
+    total, copy, wanted = 0, 0, size_mb * 10**6
+    file_bytes = 8 * 10**6 if wanted >= 64 * 10**6 else wanted // 200
+    while total < wanted:
         numbered = "".join(f"{copy}:{n} {line}" for n, line in enumerate(lines))
         data = numbered.encode("utf-8")
-        for start in range(0, len(data), 8 * 10**6):
-            piece = data[start : start + 8 * 10**6]
-            (folder / f"part-{copy:03d}-{start // (8 * 10**6):02d}.txt").write_bytes(piece)
+        for start in range(0, len(data), file_bytes):
+            piece = data[start : start + min(file_bytes, wanted - total)]
+            if not piece:
+                break
+            (folder / f"part-{copy:03d}-{start // file_bytes:04d}.txt").write_bytes(piece)
             total += len(piece)
         copy += 1
     return total
 
 
-def train_tokenizer(project: Path, folder: Path, out: Path) -> float:
-    """Train the BPE of 8,192 tokens on `folder`'s first 16 MB into `out`; its seconds."""
+def train_tokenizer(project: Path, folder: Path, out: Path, sizes: Sizes) -> float:
+    """Train the BPE of `sizes.vocab_size` tokens on `folder`'s first `sizes.bpe_sample_bytes`
+    into `out`; its seconds."""
     sys.path.insert(0, str(project / "src"))
     from lm.corpus.jobs import train_bpe
     from lm.corpus.pipeline import DOCUMENT_BYTES
@@ -69,11 +98,11 @@ def train_tokenizer(project: Path, folder: Path, out: Path) -> float:
     sources = find_sources([str(folder)]).files
     surveys = [survey_source(path, "text", DOCUMENT_BYTES, "utf-8", None, 0.1) for path in sources]
     start = time.perf_counter()
-    train_bpe(surveys, "text", DOCUMENT_BYTES, 8192, 16 * 10**6, out, False)
+    train_bpe(surveys, "text", DOCUMENT_BYTES, sizes.vocab_size, sizes.bpe_sample_bytes, out, False)
     return time.perf_counter() - start
 
 
-def prepare_table(project: Path, megabytes: int, scratch: Path) -> str:
+def prepare_table(project: Path, sizes: Sizes, scratch: Path) -> str:
     """Prepare's throughput against `encode_batch` (see the module docstring)."""
     sys.path.insert(0, str(project / "src"))
     from lm.corpus.documents import Piece, read_pieces
@@ -85,9 +114,9 @@ def prepare_table(project: Path, megabytes: int, scratch: Path) -> str:
     rows = ["| what | seconds | MB/s | / encode_batch |", "| --- | --- | --- | --- |"]
     folder = scratch / "text"
     folder.mkdir()
-    size = write_corpus(folder, megabytes)
+    size = write_corpus(folder, sizes.megabytes)
     tokenizer_file = scratch / "tokenizer.json"
-    trained = train_tokenizer(project, folder, tokenizer_file)
+    trained = train_tokenizer(project, folder, tokenizer_file, sizes)
 
     tokenizer = Tokenizer.from_file(str(tokenizer_file))
     start = time.perf_counter()
@@ -112,8 +141,11 @@ def prepare_table(project: Path, megabytes: int, scratch: Path) -> str:
         prepare([str(folder)], scratch / f"corpus-{workers}", options, workers=workers)
         timings[workers] = time.perf_counter() - start
 
-    megabyte = size / 10**6
-    rows.append(f"| train the BPE (16 MB sample) | {trained:.1f} | {16 / trained:.1f} | |")
+    megabyte, sample = size / 10**6, min(size, sizes.bpe_sample_bytes)
+    rows.append(
+        f"| train the BPE ({megabytes(sample)} sample) | {trained:.1f} | "
+        f"{sample / 10**6 / trained:.1f} | |"
+    )
     rows.append(
         f"| `encode_batch`, one process | {reference:.1f} | {megabyte / reference:.1f} | 1.00 |"
     )
@@ -123,7 +155,10 @@ def prepare_table(project: Path, megabytes: int, scratch: Path) -> str:
             f"| `prepare`, {workers} worker(s) | {seconds:.1f} | {megabyte / seconds:.1f} | "
             f"{ratio:.2f} |"
         )
-    header = f"{megabyte:,.0f} MB of text, {tokens:,} tokens (BPE of 8,192), {os.cpu_count()} cores"
+    header = (
+        f"{megabyte:,.0f} MB of text, {tokens:,} tokens (BPE of {sizes.vocab_size:,}), "
+        f"{os.cpu_count()} cores"
+    )
     return header + "\n\n" + "\n".join(rows)
 
 
@@ -135,46 +170,47 @@ print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
 """
 
 
-def memory_of_prepare_table(project: Path, scratch: Path) -> str:
-    """Prepare's peak memory on one 60 MB record and on 1,000 records of 60 KB (the module
-    docstring's second table)."""
+def memory_of_prepare_table(project: Path, scratch: Path, sizes: Sizes) -> str:
+    """Prepare's peak memory on one record of `sizes.record_bytes` and on 1,000 records that
+    share its bytes (the module docstring's second table)."""
     text = stdlib_text()
-    while len(text) < 60 * 10**6:
+    while len(text) < sizes.record_bytes:
         text += text
-    text = text[: 60 * 10**6]
+    text, piece = text[: sizes.record_bytes], sizes.record_bytes // 1000
     one, many = scratch / "one", scratch / "many"
     one.mkdir()
     many.mkdir()
     # The single record's file has company: a corpus of one document holds none out.
     (one / "record.jsonl").write_text(json.dumps({"text": text}) + "\n")
-    small = [json.dumps({"text": text[n : n + 60_000]}) for n in range(0, len(text), 60_000)]
+    small = [json.dumps({"text": text[n : n + piece]}) for n in range(0, len(text), piece)]
     (one / "others.jsonl").write_text("\n".join(small[:20]) + "\n")
     (many / "records.jsonl").write_text("\n".join(small) + "\n")
     (many / "others.jsonl").write_text("\n".join(small[:20]) + "\n")
     tokenizer_file = scratch / "tokenizer.json"
     if not tokenizer_file.is_file():
-        train_tokenizer(project, many, tokenizer_file)
+        train_tokenizer(project, many, tokenizer_file, sizes)
     env = {**os.environ, "PYTHONPATH": str(project / "src")}
     rows = ["| corpus | peak RSS, largest process |", "| --- | --- |"]
     peaks = {}
-    for label, folder in (("one 60 MB record", one), ("1,000 records of 60 KB", many)):
+    labels = (f"one {megabytes(len(text))} record", f"1,000 records of {piece / 1000:g} KB")
+    for label, folder in zip(labels, (one, many), strict=True):
         command = [sys.executable, "-c", PEAK, str(folder), "--out", str(folder / "corpus")]
         command += ["--tokenizer", str(tokenizer_file), "--workers", "1"]
         result = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True)
         peaks[label] = int(result.stdout.split()[-1])
         rows.append(f"| {label} | {peaks[label] / 2**20:,.0f} MiB |")
-    difference = abs(peaks["one 60 MB record"] - peaks["1,000 records of 60 KB"])
+    difference = abs(peaks[labels[0]] - peaks[labels[1]])
     rows.append(f"| difference | {difference / 2**20:,.0f} MiB (target: < 200) |")
     return "\n".join(rows)
 
 
-def stop_table(project: Path, scratch: Path) -> str:
+def stop_table(project: Path, scratch: Path, sizes: Sizes) -> str:
     """How fast prepare stops on SIGINT and SIGTERM, and what of it is left (the module
     docstring's third table)."""
     folder = scratch / "text"
     env = {**os.environ, "PYTHONPATH": str(project / "src")}
     command = [sys.executable, "-m", "lm.prepare", str(folder), "--out", str(scratch / "stop")]
-    command += ["--tokenizer", "bpe", "--vocab-size", "8192"]
+    command += ["--tokenizer", "bpe", "--vocab-size", str(sizes.vocab_size)]
     rows = ["| signal | phase | seconds to exit | exit status | processes left |"]
     rows.append("| --- | --- | --- | --- | --- |")
     for stop in (signal.SIGINT, signal.SIGTERM):
@@ -183,7 +219,7 @@ def stop_table(project: Path, scratch: Path) -> str:
             start_new_session=True,
         )  # fmt: skip
         phase = process.stderr.readline().split(":")[1].split()[0]  # "surveyed"
-        time.sleep(1.0)
+        time.sleep(sizes.signal_after)
         sent = time.perf_counter()
         process.send_signal(stop)
         process.wait()
@@ -193,7 +229,8 @@ def stop_table(project: Path, scratch: Path) -> str:
         process.stderr.close()
         name = f"{stop.name} ({'Ctrl-C' if stop == signal.SIGINT else 'kill PID'})"
         rows.append(
-            f"| {name} | after {phase}, +1 s | {seconds:.2f} | {process.returncode} | {len(left)} |"
+            f"| {name} | after {phase}, +{sizes.signal_after:g} s | {seconds:.2f} | "
+            f"{process.returncode} | {len(left)} |"
         )
     rows.append("")
     rows.append("Processes left: those of its group still running a second after it exited.")
@@ -245,23 +282,25 @@ def forever():
 batches = forever()
 next(batches)
 before = rss()
-for _ in range(1999):
+for _ in range(int(sys.argv[2]) - 1):
     next(batches)
 print(json.dumps({"growth": rss() - before, "windows": len(windows)}))
 """
 
 
-def memory_table(project: Path) -> str:
-    """Resident-set growth of a reader of a ~10 MB and a ~1 GB corpus (module docstring)."""
+def memory_table(project: Path, sizes: Sizes) -> str:
+    """Resident-set growth of a reader of a small and a large corpus (module docstring)."""
     import numpy as np
 
     sys.path.insert(0, str(project / "src"))
     from lm.corpus.shards import Manifest, Shard, file_sha256
 
-    rows = ["| corpus | tokens | RSS growth over 2,000 micro-batches |", "| --- | --- | --- |"]
+    rows = [f"| corpus | tokens | RSS growth over {sizes.reader_batches:,} micro-batches |"]
+    rows.append("| --- | --- | --- |")
     generator = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as scratch:
-        for label, tokens in (("~10 MB", 5 * 10**6), ("~1 GB", 5 * 10**8)):
+        for tokens in sizes.reader_tokens:
+            label = "~" + megabytes(2 * tokens)  # uint16 tokens
             folder = Path(scratch) / label.strip("~ ")
             folder.mkdir()
             shards = []
@@ -283,7 +322,7 @@ def memory_table(project: Path) -> str:
             (folder / "manifest.json").write_text(manifest.to_json())
             env = {**os.environ, "PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1"}
             result = subprocess.run(
-                [sys.executable, "-c", READER, str(folder)],
+                [sys.executable, "-c", READER, str(folder), str(sizes.reader_batches)],
                 cwd=project,
                 env=env,
                 capture_output=True,
@@ -299,7 +338,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--megabytes", type=int, default=200, help="size of the text corpus")
     parser.add_argument("--readme", action="store_true", help="write the tables into README.md")
+    parser.add_argument("--smoke", action="store_true", help="check every table runs (seconds)")
     args = parser.parse_args()
+    if args.smoke and args.readme:
+        raise SystemExit("error: --smoke figures are not measurements; drop --readme")
+    sizes = SMOKE if args.smoke else Sizes(megabytes=args.megabytes)
     from scaffold.samples import render_variant
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -307,10 +350,10 @@ def main() -> None:
         render_variant(VARIANT, project)
         work = Path(scratch) / "work"
         work.mkdir()
-        text = "Prepare throughput:\n\n" + prepare_table(project, args.megabytes, work)
-        text += "\n\nPrepare's peak memory:\n\n" + memory_of_prepare_table(project, work)
-        text += "\n\nStopping prepare:\n\n" + stop_table(project, work)
-        text += "\n\nReader memory:\n\n" + memory_table(project)
+        text = "Prepare throughput:\n\n" + prepare_table(project, sizes, work)
+        text += "\n\nPrepare's peak memory:\n\n" + memory_of_prepare_table(project, work, sizes)
+        text += "\n\nStopping prepare:\n\n" + stop_table(project, work, sizes)
+        text += "\n\nReader memory:\n\n" + memory_table(project, sizes)
     print(text)
     if args.readme:
         readme = BENCH / "README.md"

@@ -19,11 +19,15 @@ for 30 optimizer steps on a 10M-parameter Llama-style model at `block_size` 512,
 once with `pack=true` and once with `pack=false`. Rows/s and tokens/s come from the run summary
 (positions, padding included), the padding shares from prepare's manifest; trained-token
 throughput is tokens/s x (1 - padding).
+
+`--smoke`: both tables at SMOKE's sizes (a 2-layer model, 100 conversations, 2 steps), a check
+that every row is still produced (seconds), not a figure to keep.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import gc
 import importlib
@@ -40,6 +44,20 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = "lm-cpu-single-fp32"
 PACKAGE = SAMPLE.replace("-", "_")
 SHAPE = {"width": 768, "depth": 12, "heads": 12, "kv_heads": 4, "intermediate": 2048}
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """The packing table's run: conversations prepared, the model, its context and steps."""
+
+    conversations: int = 3000
+    model_size: str = "10M"
+    block_size: int = 512
+    steps: int = 30
+
+
+SMOKE_SHAPE = {"width": 64, "depth": 2, "heads": 4, "kv_heads": 2, "intermediate": 128}
+SMOKE = Sizes(100, "100K", 512, 2)
 BLOCK_SIZE, MICRO_BATCH, STEPS = 256, 4, 2
 CHATML = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
@@ -60,14 +78,15 @@ def resident(field: str) -> int:
     raise SystemExit(f"error: no {field} in /proc/self/status (Linux only)")
 
 
-def write_model(folder: Path) -> None:
-    """A random Llama of SHAPE as a model folder (config.json, model.safetensors)."""
+def write_model(folder: Path, shape_of: dict[str, int]) -> None:
+    """A random Llama of `shape_of` (SHAPE's keys) as a model folder (config.json,
+    model.safetensors)."""
     sys.path.insert(0, str(ROOT / "generated_samples" / SAMPLE / "src"))
     from safetensors.torch import save_file
 
     llama = importlib.import_module(f"{PACKAGE}.llama")
     hub = importlib.import_module(f"{PACKAGE}.hub")
-    shape = llama.LlamaShape(257, max_positions=BLOCK_SIZE, **SHAPE)
+    shape = llama.LlamaShape(257, max_positions=BLOCK_SIZE, **shape_of)
     folder.mkdir(parents=True, exist_ok=True)
     save_file(llama.Llama(shape).state_dict(), folder / "model.safetensors")
     config = hub.hub_config(hub.Architecture("llama", "llama", shape))
@@ -118,13 +137,13 @@ def memory_child(folder: str, finetune: str, out: str) -> None:
     Path(out).write_text(json.dumps({"peak": peak, "trained": trained}))
 
 
-def memory_rows(work: Path) -> list[str]:
-    """Measured and predicted peaks of full fine-tuning and LoRA."""
+def memory_rows(work: Path, shape_of: dict[str, int]) -> list[str]:
+    """Measured and predicted peaks of full fine-tuning and LoRA of a `shape_of` model."""
     from scaffold.hub_folder import read_hub_folder
     from scaffold.memory import estimate
 
     folder = work / "model"
-    write_model(folder)
+    write_model(folder, shape_of)
     shape = read_hub_folder(str(folder), BLOCK_SIZE)
     rows = ["| finetune | trained parameters | measured peak | predicted | measured / predicted |"]
     rows.append("| --- | --- | --- | --- | --- |")
@@ -176,16 +195,18 @@ def conversations(count: int, seed: int = 0) -> list[dict]:
     return records
 
 
-def packing_rows(work: Path) -> list[str]:
+def packing_rows(work: Path, sizes: Sizes) -> list[str]:
     """Packed against one example a row: rows/s, tokens/s, padding, trained tokens/s."""
     source, template = work / "chat.jsonl", work / "chatml.jinja"
-    source.write_text("".join(json.dumps(record) + "\n" for record in conversations(3000)))
+    source.write_text(
+        "".join(json.dumps(record) + "\n" for record in conversations(sizes.conversations))
+    )
     template.write_text(CHATML)
     data = work / "chat"
     prepare = [sys.executable, "-m", f"{PACKAGE}.prepare", str(source), "--out", str(data)]
     prepare += ["--format", "chat", "--tokenizer", "bytes", "--chat-template", str(template)]
     config = ROOT / "generated_samples" / SAMPLE / "configs" / "train.toml"
-    prepare += ["--max-example-tokens", "512", "--config", str(config)]
+    prepare += ["--max-example-tokens", str(sizes.block_size), "--config", str(config)]
     done = subprocess.run(prepare, env=sample_env(), capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"error: prepare failed:\n{done.stderr[-3000:]}")
@@ -194,9 +215,10 @@ def packing_rows(work: Path) -> list[str]:
     for pack in ("false", "true"):
         run = work / f"run-{pack}"
         train = [sys.executable, "-m", f"{PACKAGE}.train", f"data_dir={data}", f"run_dir={run}"]
-        train += ["prepare_example=false", "model_size=10M", "model_family=llama", "device=cpu"]
-        train += ["block_size=512", "micro_batch_size=8", "grad_accum_steps=1", "max_steps=30"]
-        train += ["val_every=30", "val_batches=2", "tensorboard=false", "plot=false"]
+        train += ["prepare_example=false", f"model_size={sizes.model_size}", "device=cpu"]
+        train += [f"block_size={sizes.block_size}", "micro_batch_size=8", "grad_accum_steps=1"]
+        train += [f"max_steps={sizes.steps}", f"val_every={sizes.steps}", "val_batches=2"]
+        train += ["model_family=llama", "tensorboard=false", "plot=false"]
         train += [f"pack={pack}", "checkpoint_every=0"]
         cwd = ROOT / "generated_samples" / SAMPLE
         done = subprocess.run(train, env=sample_env(), capture_output=True, text=True, cwd=cwd)
@@ -219,13 +241,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--memory", action="store_true", help="LoRA against full fine-tuning")
     parser.add_argument("--packing", action="store_true", help="packed against padded")
+    parser.add_argument("--smoke", action="store_true", help="check every row runs (seconds)")
     args = parser.parse_args()
     both = not (args.memory or args.packing)
+    shape, sizes = (SMOKE_SHAPE, SMOKE) if args.smoke else (SHAPE, Sizes())
     with tempfile.TemporaryDirectory() as scratch:
         if args.memory or both:
-            print("\n".join(memory_rows(Path(scratch))), flush=True)
+            print("\n".join(memory_rows(Path(scratch), shape)), flush=True)
         if args.packing or both:
-            print("\n".join(packing_rows(Path(scratch))), flush=True)
+            print("\n".join(packing_rows(Path(scratch), sizes)), flush=True)
 
 
 if __name__ == "__main__":

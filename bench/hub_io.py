@@ -13,6 +13,8 @@ measurement runs in a fresh process (Linux: peak resident memory reset after the
   the memory it holds not counted: peak growth during the save only).
 
 Usage: .venv/bin/python bench/hub_io.py [--work DIR]   (about 2 minutes on 2 cores, 6 GB of disk)
+`--smoke`: every row at SMOKE_SHAPE (a 2-layer model sharded at SMOKE_SHARD), a check that the
+script still runs against the sample and transformers (seconds), not a figure to keep.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ SHAPE = {
     "num_key_value_heads": 4,
     "max_position_embeddings": 2048,
 }
+SHARD = "500MB"
+SMOKE_SHAPE = SHAPE | {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+SMOKE_SHARD = "100KB"  # ~150 KB a layer: one shard a layer
 
 MEASURE = r"""
 import json, sys, time
@@ -86,28 +91,30 @@ def measure(kind: str, folder: Path, out: Path) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def save_checkpoints(work: Path) -> dict[str, Path]:
-    """The random model saved by transformers, in one file and sharded."""
+def save_checkpoints(work: Path, shape: dict[str, int], shard: str) -> dict[str, Path]:
+    """A random Llama of `shape` saved by transformers, in one file and sharded at `shard`."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**SHAPE))
+    model = LlamaForCausalLM(LlamaConfig(**shape))
     params = sum(p.numel() for p in model.parameters())
-    print(f"model: {params / 1e6:.0f}M parameters, {4 * params / 2**30:.2f} GiB in fp32")
-    folders = {"one file": work / "single", "sharded (500 MB)": work / "sharded"}
+    print(f"model: {params:,} parameters, {4 * params / 2**30:.2f} GiB in fp32")
+    folders = {"one file": work / "single", f"sharded ({shard})": work / "sharded"}
     model.save_pretrained(folders["one file"], max_shard_size="20GB")
-    model.save_pretrained(folders["sharded (500 MB)"], max_shard_size="500MB")
+    model.save_pretrained(folders[f"sharded ({shard})"], max_shard_size=shard)
     return folders
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, help="scratch folder (default: a temporary one)")
+    parser.add_argument("--smoke", action="store_true", help="check every row runs (seconds)")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="hub-io-"))
     try:
-        folders = save_checkpoints(work)
+        shape, shard = (SMOKE_SHAPE, SMOKE_SHARD) if args.smoke else (SHAPE, SHARD)
+        folders = save_checkpoints(work, shape, shard)
         columns = ("checkpoint", "operation", "project s", "transformers s", "project MiB")
         print(f"| {' | '.join(columns)} | transformers MiB |")
         print("| --- | --- | ---: | ---: | ---: | ---: |")

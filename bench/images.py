@@ -18,6 +18,9 @@ Headroom: the sample's own `python -m cpu_single_fp32.data_headroom` on the prep
 `model_family=timm backbone=resnet18` (timm's random initialisation), `image_size=224`, random
 resized crops and flips, micro-batches of 32 and `num_workers` = cores: batches per second of the
 loader alone against the optimizer step (its printed line is quoted).
+
+`--smoke`: 400 images, a headroom of 2 batches and 1 step of resnet10t on 64x64 crops of 8: a
+check that every figure is still produced (seconds), not a figure to keep.
 """
 
 from __future__ import annotations
@@ -108,15 +111,18 @@ def subset(root: Path, paths: list[str], count: int) -> Path:
     return target
 
 
-def headroom(data_dir: Path, batches: int, steps: int) -> str:
+HEADROOM = {"backbone": "resnet18", "image_size": 224, "micro_batch_size": 32}
+SMOKE_HEADROOM = {"backbone": "resnet10t", "image_size": 64, "micro_batch_size": 8}
+
+
+def headroom(data_dir: Path, batches: int, steps: int, model: dict[str, object]) -> str:
+    """The sample's data_headroom line for `model`'s backbone, crop size and micro-batch."""
     env = {**os.environ, "PYTHONPATH": str(SAMPLE / "src")}
     overrides = [
         f"data_dir={data_dir}",
-        "image_size=224",
         "model_family=timm",
-        "backbone=resnet18",
+        *(f"{key}={value}" for key, value in model.items()),
         f"num_workers={os.cpu_count()}",
-        "micro_batch_size=32",
         "device=cpu",
         "tensorboard=false",
         "plot=false",
@@ -134,7 +140,11 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=20000)
     parser.add_argument("--batches", type=int, default=40, help="loader batches timed")
     parser.add_argument("--steps", type=int, default=5, help="optimizer steps timed")
+    parser.add_argument("--smoke", action="store_true", help="check every figure runs (seconds)")
     args = parser.parse_args()
+    model = SMOKE_HEADROOM if args.smoke else HEADROOM
+    if args.smoke:
+        args.images, args.batches, args.steps = 400, 2, 1
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder) / "photos"
         started = time.perf_counter()
@@ -154,7 +164,8 @@ def main() -> None:
             f"a worker {few[3] / 1024:,.0f} MiB; {images:,} images: prepare "
             f"{own / 1024:,.0f} MiB, a worker {workers / 1024:,.0f} MiB"
         )
-        print(f"headroom: {headroom(Path(folder) / 'prepared', args.batches, args.steps)}")
+        line = headroom(Path(folder) / "prepared", args.batches, args.steps, model)
+        print(f"headroom: {line}")
 
 
 if __name__ == "__main__":

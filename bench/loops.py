@@ -1,17 +1,22 @@
-"""One training loop, timed, in this process:
+"""Training loops, timed, in this process:
 
-    python bench/loops.py PROJECT LOOP EPOCHS [key=value ...]       # device=cuda for a GPU
+    python bench/loops.py PROJECT LOOP[,LOOP...] EPOCHS [key=value ...]   # device=cuda for a GPU
+    python bench/loops.py PROJECT all 2 --smoke     # every loop, the smallest run: a check
 
 Every loop trains the rendered project's own model, dataset, AdamW (its weight-decay groups;
 fused on CUDA), compute dtype and micro-batch, with its config's key=value overrides, for EPOCHS
 epochs. Only optimizer steps after the first epoch are timed (the first pays for lazy
-initialisation, allocator warm-up and compilation); validation is left out. Prints one JSON
-line: {"loop", "steps", "seconds", "steps_per_second", "tokens_per_step", "parameters"}
-(tokens_per_step: 0 for a task without tokens).
+initialisation, allocator warm-up and compilation); validation is left out of the time. Prints
+one JSON line per loop: {"loop", "steps", "seconds", "steps_per_second", "tokens_per_step",
+"parameters"} (tokens_per_step: 0 for a task without tokens). Loops named together run one
+after another in this process (a smoke check's economy); a measurement runs one per process.
+`--smoke` trains the smallest run (2 epochs; a language model's corpus cut to SMOKE_CORPUS_BYTES):
+it checks that every loop still runs against the rendered project, not its speed.
 
 Loops:
-    rendered            the project's Trainer (clipping, schedule, logging, progress bar,
-                        checkpoint cadence), epochs run through `Trainer.train_epoch`
+    rendered            the project's `Trainer.fit`, as `train` and `train --resume` run it
+                        (clipping, schedule, validation, logging, progress bar, checkpoint
+                        cadence); its figures are the run summary's
     bare                a hand-written loop over the dataset's batch reads: no DataLoader,
                         no clipping, no schedule, no logging; the project's autocast dtype,
                         `torch.compile` when `compile=true`, TF32 on CUDA
@@ -45,21 +50,38 @@ def project_modules(project: Path) -> dict[str, ModuleType]:
     """The rendered project's modules by name (config, data, engine, model, training, ...)."""
     sys.path.insert(0, str(project / "src"))
     package = next((project / "src").glob("*/train.py")).parent.name
-    names = ("config", "data", "engine", "model", "training", "task", "train", "runtime")
+    names = ("config", "data", "engine", "loader", "model", "training", "task", "train")
+    names += ("runtime",)
     return {name: importlib.import_module(f"{package}.{name}") for name in names}
 
 
+# A smoke run: a language model's example corpus cut to this many bytes, and micro-batches of
+# this many samples: a few optimizer steps an epoch.
+SMOKE_CORPUS_BYTES, SMOKE_MICRO_BATCH = 40_000, 256
+
+
 def bench_config(
-    modules: dict[str, ModuleType], project: Path, run_dir: Path, epochs: int, settings: list[str]
+    modules: dict[str, ModuleType],
+    project: Path,
+    run_dir: Path,
+    epochs: int,
+    settings: list[str],
+    smoke: bool = False,
 ) -> Any:
     """The project's config with `settings` (key=value), then: no augmentation (its cost is the
-    data's, not the loop's), no early stopping, no accumulation, and `epochs` epochs."""
+    data's, not the loop's), no early stopping, no accumulation, and a run of `epochs` epochs
+    exactly (no step or token budget ends it sooner); `smoke`: micro-batches of
+    SMOKE_MICRO_BATCH and the example corpus cut to SMOKE_CORPUS_BYTES where the task has one."""
     config = modules["config"].load_config(project / "configs" / "train.toml", settings)
-    extra = {"augment": False} if hasattr(config, "augment") else {}
+    optional = {"augment": False, "max_tokens": 0}
+    if smoke:
+        optional |= {"corpus_bytes": SMOKE_CORPUS_BYTES, "micro_batch_size": SMOKE_MICRO_BATCH}
+    extra = {key: value for key, value in optional.items() if hasattr(config, key)}
     return dataclasses.replace(
         config,
         run_dir=str(run_dir),
         epochs=epochs,
+        max_steps=0,
         early_stop_patience=0,
         grad_accum_steps=1,
         **extra,
@@ -104,26 +126,33 @@ def synchronize(device: torch.device) -> None:
 
 
 def run_rendered(modules: dict[str, ModuleType], config: Any) -> dict[str, Any]:
-    trainer = modules["train"].Trainer(config, modules["runtime"].init_runtime(config.device))
-    device = trainer.runtime.device
-    trainer.log.start_run(trainer.state, resumed_from=None)
-    timed_seconds, timed_steps = 0.0, 0
-    for epoch in range(config.epochs):
-        steps_before = trainer.state.step
-        synchronize(device)
-        start = time.perf_counter()
-        trainer.train_epoch()
-        synchronize(device)
-        if epoch > 0:
-            timed_seconds += time.perf_counter() - start
-            timed_steps += trainer.state.step - steps_before
-        trainer.state.end_epoch()  # and the data position with it
-    trainer.log.close()  # TensorBoard's writer, as the rendered run closes it
+    """The project's own path, as `python -m <package>.train` and a `--resume` of it run it.
+
+    A first launch (`Trainer.fit` with `stop_after_steps` at the end of the first epoch, the
+    preemption drill) trains the untimed epoch and checkpoints there; a second resumes that
+    checkpoint in this process and trains to the run's end: validation on its schedule,
+    checkpoints at their cadence, the metrics log, TensorBoard and the progress bar, as a
+    user's run pays them. The figures are the second launch's run summary: its optimizer steps
+    over its `train_seconds` (the summary's training time: validation excluded, the step-cadence
+    checkpoints and the loader's waits included). `launch_seconds` is that launch's whole
+    `fit`, validations, their checkpoints and the end-of-run export included.
+    """
+    train, runtime = modules["train"], modules["runtime"].init_runtime(config.device)
+    train_set, _ = modules["data"].build_datasets(config)
+    loader = modules["loader"].make_train_loader(train_set, config, runtime)
+    warm_up = dataclasses.replace(config, stop_after_steps=len(loader))  # one micro-batch a step
+    first = train.Trainer(warm_up, runtime).fit()
+    start = time.perf_counter()
+    summary = train.Trainer(config, runtime, resume=True).fit()
+    launch_seconds = time.perf_counter() - start
+    modules["runtime"].shutdown_runtime(runtime)
+    steps = summary["steps"] - first["steps"]
     return {
         "loop": "rendered",
-        "steps": timed_steps,
-        "seconds": timed_seconds,
-        "steps_per_second": timed_steps / timed_seconds,
+        "steps": steps,
+        "seconds": summary["train_seconds"],
+        "steps_per_second": steps / summary["train_seconds"],
+        "launch_seconds": launch_seconds,
     }
 
 
@@ -260,32 +289,49 @@ def run_accelerate(
     return clock.result("accelerate")
 
 
-def run_loop(project: Path, loop: str, epochs: int, settings: list[str]) -> dict[str, Any]:
-    """Train `project`'s model with `loop` for `epochs` epochs; the timed figures.
+def run_loops(
+    project: Path, loops: list[str], epochs: int, settings: list[str], smoke: bool = False
+) -> list[dict[str, Any]]:
+    """Train `project`'s model with each of `loops` in turn for `epochs` epochs, each from seed
+    0 in a run folder of its own; the timed figures of each (the module docstring's JSON).
 
     Raises:
-        ValueError: an unknown loop name, or a framework loop asked for another device than
-            the CPU (they are written for it).
+        ValueError: an unknown loop name, fewer than 2 epochs (the first is not timed), or a
+            framework loop asked for another device than the CPU (they are written for it).
     """
-    torch.manual_seed(0)
+    unknown = [loop for loop in loops if loop not in LOOPS]
+    if unknown:
+        raise ValueError(f"unknown loop {unknown[0]!r}; pick from {', '.join(LOOPS)}")
+    if epochs < 2:
+        raise ValueError(f"epochs={epochs}: the first epoch is not timed; give at least 2")
     modules = project_modules(project)
+    results = []
     with tempfile.TemporaryDirectory() as scratch:
-        config = bench_config(modules, project, Path(scratch) / "run", epochs, settings)
-        if loop not in ("rendered", "bare") and config.device != "cpu":
-            raise ValueError(f"the {loop} loop runs on the CPU only; drop device={config.device}")
-        train_set, _ = modules["data"].build_datasets(config)
-        steps_per_epoch = len(train_set) // config.micro_batch_size
-        runners: dict[str, Callable[[], dict[str, Any]]] = {
-            "rendered": lambda: run_rendered(modules, config),
-            "bare": lambda: run_bare(modules, config, steps_per_epoch),
-            "lightning": lambda: run_lightning(modules, config, steps_per_epoch, logged=False),
-            "lightning-logged": lambda: run_lightning(modules, config, steps_per_epoch, True),
-            "fabric": lambda: run_fabric(modules, config, steps_per_epoch),
-            "accelerate": lambda: run_accelerate(modules, config, steps_per_epoch),
-        }
-        if loop not in runners:
-            raise ValueError(f"unknown loop {loop!r}; pick one of {', '.join(runners)}")
-        result = runners[loop]()
+        for number, loop in enumerate(loops):
+            run_dir = Path(scratch) / f"run-{number}"
+            config = bench_config(modules, project, run_dir, epochs, settings, smoke)
+            if loop not in ("rendered", "bare") and config.device != "cpu":
+                raise ValueError(
+                    f"the {loop} loop runs on the CPU only; drop device={config.device}"
+                )
+            torch.manual_seed(0)
+            results.append(run_one(modules, loop, config))
+    return results
+
+
+def run_one(modules: dict[str, ModuleType], loop: str, config: Any) -> dict[str, Any]:
+    """One loop's figures, with the tokens per step and the model's parameters."""
+    train_set, _ = modules["data"].build_datasets(config)
+    steps_per_epoch = len(train_set) // config.micro_batch_size
+    runners: dict[str, Callable[[], dict[str, Any]]] = {
+        "rendered": lambda: run_rendered(modules, config),
+        "bare": lambda: run_bare(modules, config, steps_per_epoch),
+        "lightning": lambda: run_lightning(modules, config, steps_per_epoch, logged=False),
+        "lightning-logged": lambda: run_lightning(modules, config, steps_per_epoch, True),
+        "fabric": lambda: run_fabric(modules, config, steps_per_epoch),
+        "accelerate": lambda: run_accelerate(modules, config, steps_per_epoch),
+    }
+    result = runners[loop]()
     inputs, _ = train_set[list(range(config.micro_batch_size))]
     result["tokens_per_step"] = inputs.numel() if not inputs.is_floating_point() else 0
     result["parameters"] = sum(p.numel() for p in modules["model"].build_model(config).parameters())
@@ -298,12 +344,21 @@ LOOPS = ("rendered", "bare", "lightning", "lightning-logged", "fabric", "acceler
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("project", type=Path, help="a rendered project's folder")
-    parser.add_argument("loop", choices=LOOPS)
-    parser.add_argument("epochs", type=int)
+    parser.add_argument(
+        "loops", help=f"one of {', '.join(LOOPS)}, several joined by commas, or all"
+    )
+    parser.add_argument("epochs", type=int, help="epochs per loop, the first not timed (>= 2)")
     parser.add_argument("settings", nargs="*", metavar="key=value", help="config overrides")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="the smallest run, as a check")
+    args = parser.parse_intermixed_args()  # --smoke anywhere among the settings
     settings = ["device=cpu", *args.settings]  # a later device=cuda wins
-    print(json.dumps(run_loop(args.project, args.loop, args.epochs, settings)))
+    loops = list(LOOPS) if args.loops == "all" else args.loops.split(",")
+    try:
+        results = run_loops(args.project, loops, args.epochs, settings, args.smoke)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
+    for result in results:
+        print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """The planner's memory model against measurement: `python bench/memory.py [--device cuda]
-[--readme]`.
+[--readme] [--smoke]`.
 
 Each row builds the rendered language model (a committed sample under generated_samples/, so
 neither copier nor scaffold's CLI is needed) at one size, micro-batch and activation
@@ -16,6 +16,9 @@ backward, AdamW) through the project's own Engine and `train_step`, and measures
 
 The prediction is `scaffold.memory.estimate` for the same shape, strategy, precision, process
 count and micro-batch. The target is within +-25% of the measurement on every row.
+`--smoke` measures ROWS["smoke"] on the CPU at a tiny size, the first without activation
+checkpointing and the second with it (each strategy and each setting once): a check that the
+script still runs against the samples and the planner, not a figure to keep.
 """
 
 from __future__ import annotations
@@ -59,6 +62,10 @@ ROWS = {
         ("lm-fsdp2-bf16", "fsdp2", "bf16", 1, "760M", 8),
     ],
 }
+ROWS["smoke"] = [  # on the CPU; checkpointing off in the first, on in the second
+    ("lm-cpu-single-fp32", "single", "fp32", 1, "1M", 2),
+    ("fabric-lm-fsdp2-fp32", "fsdp2", "fp32", 2, "1M", 2),
+]
 MARKERS = ("<!-- memory: start -->", "<!-- memory: end -->")
 
 
@@ -137,8 +144,9 @@ def measure(row: tuple, checkpointing: bool, device: str) -> dict:
     return max(figures, key=lambda figure: figure["peak"])
 
 
-def table(device: str, first: int | None = None) -> str:
-    """The markdown table of every row of `device`, measured and predicted."""
+def table(device: str, first: int | None = None, rows: str | None = None) -> str:
+    """The markdown table of every row of `rows` (default: `device`'s), measured and
+    predicted on `device`."""
     sys.path.insert(0, str(ROOT))  # scaffold from this checkout: the GPU machine installs none
     from scaffold.answers import parse_model_size
     from scaffold.memory import estimate, gib
@@ -149,9 +157,9 @@ def table(device: str, first: int | None = None) -> str:
         "| predicted GiB | measured GiB | predicted / measured |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for row in ROWS[device][:first]:
+    for number, row in enumerate(ROWS[rows or device][:first]):
         _, strategy, precision, processes, size, micro = row
-        for checkpointing in (False, True):
+        for checkpointing in [bool(number)] if rows == "smoke" else [False, True]:
             measured = measure(row, checkpointing, device)
             shape = decoder_for(parse_model_size(size), BLOCK_SIZE[device])
             assert shape.params == measured["params"], (shape, measured)
@@ -190,18 +198,22 @@ def write_readme(text: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", choices=sorted(ROWS), default="cpu")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--readme", action="store_true", help="write the table into README.md")
     parser.add_argument("--first", type=int, help="only the first N rows (a rehearsal)")
+    parser.add_argument("--smoke", action="store_true", help="check every kind of row runs")
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.smoke and (args.readme or args.device != "cpu"):
+        raise SystemExit("error: --smoke runs tiny rows on the CPU; drop --readme and --device")
     if args.child:
         sample, size, micro, checkpointing, device = args.child
         child(sample, size, int(micro), checkpointing == "1", device)
         return
     text = (
         f"Machine: {machine_line(args.device)}; context {BLOCK_SIZE[args.device]}, {STEPS} "
-        f"optimizer steps per row.\n\n{table(args.device, args.first)}"
+        f"optimizer steps per row.\n\n"
+        f"{table(args.device, args.first, 'smoke' if args.smoke else None)}"
     )
     print(text)
     if args.readme:

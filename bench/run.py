@@ -1,4 +1,4 @@
-"""The benchmarks, one command: `python bench/run.py [--repeats 5] [--readme]`.
+"""The benchmarks, one command: `python bench/run.py [--repeats 5] [--readme] [--smoke]`.
 
 1. Loop overhead: the rendered loop against a bare loop and the frameworks' loops, on the
    default digits project and the CPU language-model project (see `loops.py`). Each loop runs
@@ -9,6 +9,9 @@
    against step time).
 
 Prints markdown tables; `--readme` also writes them into bench/README.md between its markers.
+`--smoke` checks that every row is still produced, not its speed (seconds, the quick tests run
+it): one run of each loop, every loop of a project in one process, 2 epochs on a cut corpus,
+and a few batches of headroom.
 """
 
 from __future__ import annotations
@@ -46,19 +49,23 @@ def quiet_env(project: Path) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(project / "src")}
 
 
-def time_loop(project: Path, loop: str, epochs: int) -> float:
-    """Steps/s of one fresh-process run of `loop` (bench/loops.py) on `project`."""
+def time_loops(project: Path, loops: list[str], epochs: int, smoke: bool = False) -> list[float]:
+    """Steps/s of each of `loops` in one fresh process of bench/loops.py on `project` (one
+    loop a process for a measurement; `bare+host_memory` alone, since it sets the process's
+    environment)."""
     env = quiet_env(project)
-    if loop == "bare+host_memory":
-        loop, env = "bare", env | HOST_MEMORY_ENV
-    command = [sys.executable, str(BENCH / "loops.py"), str(project), loop, str(epochs)]
+    if loops == ["bare+host_memory"]:
+        loops, env = ["bare"], env | HOST_MEMORY_ENV
+    command = [sys.executable, str(BENCH / "loops.py"), str(project), ",".join(loops), str(epochs)]
+    command += ["--smoke"] if smoke else []
     result = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True)
     if result.returncode != 0:
-        raise SystemExit(f"error: {loop} on {project.name} failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.splitlines()[-1])["steps_per_second"]
+        raise SystemExit(f"error: {loops} on {project.name} failed:\n{result.stderr[-3000:]}")
+    lines = result.stdout.splitlines()[-len(loops) :]
+    return [json.loads(line)["steps_per_second"] for line in lines]
 
 
-def loop_table(projects: dict[str, Path], repeats: int) -> str:
+def loop_table(projects: dict[str, Path], repeats: int, smoke: bool = False) -> str:
     rows = [
         "| project | loop | median steps/s | / bare | runs |",
         "| --- | --- | --- | --- | --- |",
@@ -66,8 +73,16 @@ def loop_table(projects: dict[str, Path], repeats: int) -> str:
     for variant, project in projects.items():
         rates: dict[str, list[float]] = {loop: [] for loop in LOOPS}
         for _ in range(repeats):
+            if smoke:  # every loop once, in one process, host_memory's bare run in its own
+                rows_of = [loop for loop in LOOPS if loop != "bare+host_memory"]
+                for loop, rate in zip(
+                    rows_of, time_loops(project, rows_of, 2, smoke=True), strict=True
+                ):
+                    rates[loop].append(rate)
+                rates["bare+host_memory"] += time_loops(project, ["bare+host_memory"], 2, True)
+                continue
             for loop in LOOPS:
-                rates[loop].append(time_loop(project, loop, PROJECTS[variant]))
+                rates[loop] += time_loops(project, [loop], PROJECTS[variant])
         bare = statistics.median(rates["bare"])
         for loop, values in rates.items():
             median = statistics.median(values)
@@ -77,7 +92,9 @@ def loop_table(projects: dict[str, Path], repeats: int) -> str:
     return "\n".join(rows)
 
 
-def headroom_table(projects: dict[str, Path]) -> str:
+def headroom_table(projects: dict[str, Path], smoke: bool = False) -> str:
+    """Each project's `data_headroom` at its defaults (`smoke`: 5 batches, 2 steps)."""
+    arguments = ["--batches", "5", "--steps", "2"] if smoke else []
     rows = [
         "| project | loader ms / micro-batch | step ms | headroom |",
         "| --- | --- | --- | --- |",
@@ -86,7 +103,7 @@ def headroom_table(projects: dict[str, Path]) -> str:
         package = next((project / "src").glob("*/train.py")).parent.name
         script = (
             f"import json; from {package}.data_headroom import main; "
-            "print(json.dumps(main(['device=cpu'])))"
+            f"print(json.dumps(main({[*arguments, 'device=cpu']!r})))"
         )
         command = [sys.executable, "-c", script]
         result = subprocess.run(
@@ -120,7 +137,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="runs per loop (median taken)")
     parser.add_argument("--readme", action="store_true", help="write the tables into README.md")
+    parser.add_argument("--smoke", action="store_true", help="check every row runs (seconds)")
     args = parser.parse_args()
+    if args.smoke and args.readme:
+        raise SystemExit("error: --smoke figures are not measurements; drop --readme")
+    if args.smoke:
+        args.repeats = 1
     if args.repeats < 1:
         raise SystemExit("error: --repeats must be at least 1")
     with tempfile.TemporaryDirectory() as scratch:
@@ -131,8 +153,8 @@ def main() -> None:
         text = "\n\n".join(
             [
                 f"Machine: {machine_line()}.",
-                "Loop overhead (fp32, CPU):\n\n" + loop_table(projects, args.repeats),
-                "Data-loading headroom (defaults, CPU):\n\n" + headroom_table(projects),
+                "Loop overhead (fp32, CPU):\n\n" + loop_table(projects, args.repeats, args.smoke),
+                "Data-loading headroom (defaults, CPU):\n\n" + headroom_table(projects, args.smoke),
             ]
         )
     print(text)

@@ -2,6 +2,7 @@
 
     python scripts/gpu_check.py                 # on a machine with a GPU, about 7 minutes
     python scripts/gpu_check.py --device cpu    # rehearse the script itself on a CPU
+    python scripts/gpu_check.py --smoke         # every row at the smallest size, on a CPU
 
 Trains the committed renders in `generated_samples/` (kept equal to the templates by the test
 suite, so the GPU machine needs neither copier nor scaffold) briefly on the GPU: bf16 autocast
@@ -16,6 +17,13 @@ a resume step also stop a second run there (`stop_after_steps`), continue it wit
 and report how far its final validation loss lies from the straight run's ("resume diff"; GPU
 kernels such as atomics-based backward passes are not bitwise deterministic, so a small
 non-zero figure is expected there).
+
+`--smoke` checks that every row is still produced, not its figures (the quick tests run it):
+on the CPU, each check SMOKE_STEPS optimizer steps from warmup_steps=1 (the first check with a
+resume step resumes at SMOKE_RESUME_STEP: the script's resume path is the same for every
+check), without plot or TensorBoard, torch.compile switched off by its own switch
+(TORCH_COMPILE_DISABLE=1: inductor's C++ build takes a minute on a CPU), and the bench rows'
+own `--smoke`.
 """
 
 from __future__ import annotations
@@ -44,10 +52,21 @@ CHECKS = [
     ("ZeRO-3, NCCL, bf16", "lm-zero3-bf16", True, ["epochs=1", "checkpoint_every=50"], 60),
 ]
 RESUME_TOLERANCE = 1e-2  # |val_loss difference| above which a resumed run is flagged
+SMOKE_STEPS, SMOKE_RESUME_STEP = 4, 2
+SMOKE_SETTINGS = [f"max_steps={SMOKE_STEPS}", "warmup_steps=1", "val_every=2", "val_batches=2"]
+SMOKE_SETTINGS += ["checkpoint_every=2", "micro_batch_size=16", "plot=false", "tensorboard=false"]
+SMOKE_CORPUS = ["corpus_bytes=40000"]  # the language model's example corpus in a smoke run
+
+
+def smoke_check(variant: str, resume_step: int, resumed_already: bool) -> tuple[list[str], int]:
+    """A check's overrides and resume step in a smoke run."""
+    corpus = SMOKE_CORPUS if variant.startswith("lm-") else []
+    resume = SMOKE_RESUME_STEP if resume_step and not resumed_already else 0
+    return [*SMOKE_SETTINGS, *corpus], resume
 
 
 def train(project: Path, run_dir: Path, torchrun: bool, arguments: list[str], device: str,
-          timeout: float) -> dict:  # fmt: skip
+          timeout: float, env: dict[str, str] | None = None) -> dict:  # fmt: skip
     """One training run of a rendered project; its summary.json plus `wall` (seconds)."""
     package = project.name.replace("-", "_")
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"]
@@ -56,7 +75,7 @@ def train(project: Path, run_dir: Path, torchrun: bool, arguments: list[str], de
     path = os.pathsep.join(filter(None, [str(project / "src"), os.environ.get("PYTHONPATH")]))
     start = time.perf_counter()
     result = subprocess.run(
-        command, cwd=project, env={**os.environ, "PYTHONPATH": path},
+        command, cwd=project, env={**os.environ, "PYTHONPATH": path, **(env or {})},
         capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
     wall = time.perf_counter() - start
@@ -69,12 +88,13 @@ def train(project: Path, run_dir: Path, torchrun: bool, arguments: list[str], de
 
 
 def run_check(workdir: Path, variant: str, torchrun: bool, overrides: list[str], resume_step: int,
-              device: str, deadline: float) -> dict:  # fmt: skip
+              device: str, deadline: float, env: dict[str, str] | None = None) -> dict:  # fmt: skip
     project = workdir / variant
     if not project.exists():
         shutil.copytree(ROOT / "generated_samples" / variant, project)
     run_dir = workdir / "runs" / f"{variant}-{len(list((workdir / 'runs').glob('*')))}"
-    summary = train(project, run_dir, torchrun, overrides, device, deadline - time.perf_counter())
+    seconds = deadline - time.perf_counter()
+    summary = train(project, run_dir, torchrun, overrides, device, seconds, env)
     if summary["status"] != "ok":
         return summary
     expected = summary["expected_initial_loss"]
@@ -86,7 +106,7 @@ def run_check(workdir: Path, variant: str, torchrun: bool, overrides: list[str],
         stop = [*overrides, f"stop_after_steps={resume_step}"]
         for arguments in (stop, [*overrides, "--resume"]):
             resumed = train(project, stopped, torchrun, arguments, device,
-                            deadline - time.perf_counter())  # fmt: skip
+                            deadline - time.perf_counter(), env)  # fmt: skip
             summary["wall"] += resumed["wall"]
             if resumed["status"] != "ok":
                 return summary | {"status": "resume " + resumed["status"]}
@@ -108,7 +128,11 @@ def main() -> int:
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu to rehearse")
     parser.add_argument("--budget-seconds", type=float, default=540.0)
     parser.add_argument("--only", nargs="*", help="labels' first words to run (default: all)")
+    parser.add_argument("--smoke", action="store_true", help="check every row runs, on a CPU")
     args = parser.parse_args()
+    env = {"TORCH_COMPILE_DISABLE": "1"} if args.smoke else {}
+    if args.smoke:
+        args.device = "cpu"
     rows = []
     deadline = time.perf_counter() + args.budget_seconds
     with tempfile.TemporaryDirectory(prefix="gc-") as scratch:
@@ -120,9 +144,12 @@ def main() -> int:
             if deadline - time.perf_counter() < 20:
                 rows.append((label, variant, {"status": "skipped: time budget", "wall": 0.0}))
                 continue
+            if args.smoke:
+                resumed = any("resume_diff" in row for _, _, row in rows)
+                overrides, resume_step = smoke_check(variant, resume_step, resumed)
             try:
                 outcome = run_check(workdir, variant, torchrun, overrides, resume_step,
-                                    args.device, deadline)  # fmt: skip
+                                    args.device, deadline, env)  # fmt: skip
             except subprocess.TimeoutExpired:
                 outcome = {"status": "FAIL: timed out", "wall": 0.0}
             rows.append((label, variant, outcome))
@@ -146,8 +173,9 @@ def main() -> int:
     benches_ok = True
     for word, title, script, rehearsal in BENCHES:
         if not args.only or word in args.only:
-            options = [] if args.device == "cuda" else rehearsal
-            benches_ok &= bench_row(title, [script, f"--device={args.device}", *options],
+            options = ["--smoke"] if args.smoke else [] if args.device == "cuda" else rehearsal
+            device = [] if args.smoke else [f"--device={args.device}"]  # --smoke says where
+            benches_ok &= bench_row(title, [script, *device, *options],
                                     deadline - time.perf_counter())  # fmt: skip
     return 0 if benches_ok and all(row["status"] == "ok" for _, _, row in rows) else 1
 
