@@ -69,6 +69,12 @@ NOTES: dict[str, str] = {
         "freeze_backbone_epochs): where task_config.py is your own task's, delete those lines "
         "(config.py refuses a key your TaskConfig does not have)"
     ),
+    "0.5.1": (
+        "a validation no longer draws from the training's random streams (the validation "
+        "loader has a generator of its own, loader/dataloaders.py): a run stopped where a "
+        "validation was due and resumed now trains on the dropout masks the straight run "
+        "draws. Checkpoints of 0.5.0 resume as they are"
+    ),
 }
 
 # version → {old path: new path}, relative to the project; "{package}" is the package's name.

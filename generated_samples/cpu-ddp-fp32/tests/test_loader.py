@@ -13,7 +13,12 @@ from torch.utils.data import BatchSampler, Dataset, DistributedSampler, get_work
 
 from cpu_ddp_fp32.config import Config
 from cpu_ddp_fp32.data import build_datasets
-from cpu_ddp_fp32.loader import epoch_iterator, make_train_loader, set_sampler_epoch
+from cpu_ddp_fp32.loader import (
+    epoch_iterator,
+    make_eval_loader,
+    make_train_loader,
+    set_sampler_epoch,
+)
 from cpu_ddp_fp32.runtime import init_runtime
 
 import launcher
@@ -109,6 +114,19 @@ def test_epoch_replay_resumes_at_the_same_batch(config):
     torch.set_rng_state(rng_after_five)  # what a resume does after replaying
     for expected, actual in zip(straight[5:], resumed, strict=True):
         assert torch.equal(expected[0], actual[0]) and torch.equal(expected[1], actual[1])
+
+
+def test_a_validation_leaves_the_training_random_streams_as_they_were(config):
+    """A run stopped where a validation is due validates first when it resumes, before the
+    saved streams come back: a validation that drew from them would change every later
+    dropout mask of the resumed run against the straight one."""
+    _, val_set = build_datasets(config)
+    loader = make_eval_loader(val_set, config, init_runtime("cpu"))
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    for _ in range(2):
+        next(iter(loader))
+    assert torch.equal(torch.get_rng_state(), before)
 
 
 def test_workers_start_from_a_forkserver_once_a_process_group_exists(config):

@@ -115,8 +115,16 @@ def make_eval_loader(dataset: Dataset, config: Config, runtime: Runtime) -> Data
     if len(dataset) == 0:
         raise ValueError("the validation split is empty; raise val_fraction or the data size")
     sampler = BatchSampler(eval_sampler(dataset, runtime), config.micro_batch_size, drop_last=False)
+    # Each pass over a DataLoader draws a seed from its generator, from the global RNG where it
+    # has none: a validation would move the stream the next dropout masks come from, and a
+    # resume, which validates before it restores the saved streams, would train on others.
+    generator = torch.Generator().manual_seed(config.seed)
     return DataLoader(
-        dataset, sampler=sampler, batch_size=None, pin_memory=runtime.device.type == "cuda"
+        dataset,
+        sampler=sampler,
+        batch_size=None,
+        pin_memory=runtime.device.type == "cuda",
+        generator=generator,
     )
 
 
