@@ -12,8 +12,9 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-# Test files whose every test takes seconds (each runs `scaffold update` in a subprocess).
-SECONDS_EACH = ("tests/test_update.py",)
+# Test files whose every test takes seconds (each runs `scaffold update` in a subprocess, or a
+# benchmark's smoke run, the longest ~2 minutes).
+SECONDS_EACH = ("tests/test_bench.py", "tests/test_update.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
