@@ -23,8 +23,12 @@ BENCH = REPO_ROOT / "bench"
 
 def smoke(script: Path, python: str = sys.executable) -> str:
     """`python SCRIPT --smoke` from the repository's root; its standard output. Fails the
-    test, with the end of its standard error, where the script fails."""
+    test, with the end of its standard error, where the script fails.
+
+    No bytecode is written: several scripts import the committed samples in place, and a
+    __pycache__ there would read as a stale sample (test_samples)."""
     env = {**os.environ, "PATH": os.pathsep.join([str(Path(python).parent), os.environ["PATH"]])}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
     env |= extensions_env(python)
     result = subprocess.run(
         [python, str(script), "--smoke"], cwd=REPO_ROOT, env=env, capture_output=True, text=True
