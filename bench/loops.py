@@ -130,7 +130,9 @@ def run_rendered(modules: dict[str, ModuleType], config: Any) -> dict[str, Any]:
 
     A first launch (`Trainer.fit` with `stop_after_steps` at the end of the first epoch, the
     preemption drill) trains the untimed epoch and checkpoints there; a second resumes that
-    checkpoint in this process and trains to the run's end: validation on its schedule,
+    checkpoint in this process (where torch.compile's code for the model class, compiled in the
+    first, serves the second's new instance without recompiling; the allocator is warm) and
+    trains to the run's end: validation on its schedule,
     checkpoints at their cadence, the metrics log, TensorBoard and the progress bar, as a
     user's run pays them. The figures are the second launch's run summary: its optimizer steps
     over its `train_seconds` (the summary's training time: validation excluded, the step-cadence
