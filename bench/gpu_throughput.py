@@ -115,7 +115,8 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory(prefix="gpu-throughput-") as scratch:
         parameters = throughput_rows(args, settings, Path(scratch))
-    print(f"\n{parameters:,} parameters, context {args.block_size}, micro-batch {args.micro_batch}")
+    sizes = "bench/loops.py's smoke sizes" if args.smoke else f"micro-batch {args.micro_batch}"
+    print(f"\n{parameters:,} parameters, context {args.block_size}, {sizes}")
 
 
 if __name__ == "__main__":

@@ -16,9 +16,9 @@ backward, AdamW) through the project's own Engine and `train_step`, and measures
 
 The prediction is `scaffold.memory.estimate` for the same shape, strategy, precision, process
 count and micro-batch. The target is within +-25% of the measurement on every row.
-`--smoke` measures ROWS["smoke"] on the CPU at a tiny size, the first without activation
-checkpointing and the second with it (each strategy and each setting once): a check that the
-script still runs against the samples and the planner, not a figure to keep.
+`--smoke` measures SMOKE_ROWS on the CPU at a tiny size, each strategy and each checkpointing
+setting once: a check that the script still runs against the samples and the planner, not a
+figure to keep.
 """
 
 from __future__ import annotations
@@ -62,9 +62,9 @@ ROWS = {
         ("lm-fsdp2-bf16", "fsdp2", "bf16", 1, "760M", 8),
     ],
 }
-ROWS["smoke"] = [  # on the CPU; checkpointing off in the first, on in the second
-    ("lm-cpu-single-fp32", "single", "fp32", 1, "1M", 2),
-    ("fabric-lm-fsdp2-fp32", "fsdp2", "fp32", 2, "1M", 2),
+SMOKE_ROWS = [  # (row, checkpointing), on the CPU
+    (("lm-cpu-single-fp32", "single", "fp32", 1, "1M", 2), False),
+    (("fabric-lm-fsdp2-fp32", "fsdp2", "fp32", 2, "1M", 2), True),
 ]
 MARKERS = ("<!-- memory: start -->", "<!-- memory: end -->")
 
@@ -144,9 +144,14 @@ def measure(row: tuple, checkpointing: bool, device: str) -> dict:
     return max(figures, key=lambda figure: figure["peak"])
 
 
-def table(device: str, first: int | None = None, rows: str | None = None) -> str:
-    """The markdown table of every row of `rows` (default: `device`'s), measured and
-    predicted on `device`."""
+def device_rows(device: str, first: int | None = None) -> list[tuple[tuple, bool]]:
+    """`device`'s rows (the first `first`), each without and with activation checkpointing."""
+    return [(row, checkpointing) for row in ROWS[device][:first] for checkpointing in (False, True)]
+
+
+def table(device: str, rows: list[tuple[tuple, bool]]) -> str:
+    """The markdown table of `rows` ((row, checkpointing) pairs), measured on `device` and
+    predicted."""
     sys.path.insert(0, str(ROOT))  # scaffold from this checkout: the GPU machine installs none
     from scaffold.answers import parse_model_size
     from scaffold.memory import estimate, gib
@@ -157,27 +162,26 @@ def table(device: str, first: int | None = None, rows: str | None = None) -> str
         "| predicted GiB | measured GiB | predicted / measured |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for number, row in enumerate(ROWS[rows or device][:first]):
+    for row, checkpointing in rows:
         _, strategy, precision, processes, size, micro = row
-        for checkpointing in [bool(number)] if rows == "smoke" else [False, True]:
-            measured = measure(row, checkpointing, device)
-            shape = decoder_for(parse_model_size(size), BLOCK_SIZE[device])
-            assert shape.params == measured["params"], (shape, measured)
-            predicted = estimate(
-                shape,
-                strategy=strategy,
-                precision=precision,
-                world_size=processes,
-                micro_batch=micro,
-                checkpointing=checkpointing,
-            ).peak
-            ratio = predicted / measured["peak"]
-            lines.append(
-                f"| {strategy} | {precision} | {processes} | {size} | {shape.params:,} | {micro} "
-                f"| {'on' if checkpointing else 'off'} | {gib(predicted)} | "
-                f"{gib(measured['peak'])} | {ratio:.2f} |"
-            )
-            print(lines[-1], file=sys.stderr, flush=True)
+        measured = measure(row, checkpointing, device)
+        shape = decoder_for(parse_model_size(size), BLOCK_SIZE[device])
+        assert shape.params == measured["params"], (shape, measured)
+        predicted = estimate(
+            shape,
+            strategy=strategy,
+            precision=precision,
+            world_size=processes,
+            micro_batch=micro,
+            checkpointing=checkpointing,
+        ).peak
+        ratio = predicted / measured["peak"]
+        lines.append(
+            f"| {strategy} | {precision} | {processes} | {size} | {shape.params:,} | {micro} "
+            f"| {'on' if checkpointing else 'off'} | {gib(predicted)} | "
+            f"{gib(measured['peak'])} | {ratio:.2f} |"
+        )
+        print(lines[-1], file=sys.stderr, flush=True)
     return "\n".join(lines)
 
 
@@ -210,10 +214,10 @@ def main() -> None:
         sample, size, micro, checkpointing, device = args.child
         child(sample, size, int(micro), checkpointing == "1", device)
         return
+    rows = SMOKE_ROWS if args.smoke else device_rows(args.device, args.first)
     text = (
         f"Machine: {machine_line(args.device)}; context {BLOCK_SIZE[args.device]}, {STEPS} "
-        f"optimizer steps per row.\n\n"
-        f"{table(args.device, args.first, 'smoke' if args.smoke else None)}"
+        f"optimizer steps per row.\n\n{table(args.device, rows)}"
     )
     print(text)
     if args.readme:
