@@ -84,7 +84,7 @@ def write_model(folder: Path, shape_of: dict[str, int]) -> None:
     sys.path.insert(0, str(ROOT / "generated_samples" / SAMPLE / "src"))
     from safetensors.torch import save_file
 
-    llama = importlib.import_module(f"{PACKAGE}.llama")
+    llama = importlib.import_module(f"{PACKAGE}.models.llama")
     hub = importlib.import_module(f"{PACKAGE}.hub")
     shape = llama.LlamaShape(257, max_positions=BLOCK_SIZE, **shape_of)
     folder.mkdir(parents=True, exist_ok=True)

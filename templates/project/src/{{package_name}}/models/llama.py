@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .kv_cache import KVCache, LayerCache
 from .packing import document_causal_mask, document_positions
 
 
@@ -83,7 +84,9 @@ def rotate(x: Tensor, tables: Tensor) -> Tensor:
 
 class LlamaAttention(nn.Module):
     """Causal grouped-query self-attention with rotary positions: `[B, T, C] -> [B, T, C]`;
-    with `mask` (bool `[B, 1, T, T]`, packing.document_causal_mask), the positions it allows."""
+    with `mask` (bool `[B, 1, T, T]`, packing.document_causal_mask), the positions it allows.
+    With `cache` (kv_cache.py), the T new positions also read the cached ones and join them
+    (`mask`, where given, is then `[T, cached + T]`: KVCache.attention_mask)."""
 
     def __init__(self, shape: LlamaShape):
         super().__init__()
@@ -99,14 +102,22 @@ class LlamaAttention(nn.Module):
         self.v_proj = nn.Linear(shape.width, shape.kv_heads * self.head_dim, bias=shape.qkv_bias)
         self.o_proj = nn.Linear(shape.heads * self.head_dim, shape.width, bias=shape.output_bias)
 
-    def forward(self, x: Tensor, tables: Tensor, mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        tables: Tensor,
+        mask: Tensor | None = None,
+        cache: LayerCache | None = None,
+    ) -> Tensor:
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = rotate(q, tables), rotate(k, tables)
+        if cache is not None:
+            k, v = cache.append(k, v)
         grouped = self.kv_heads != self.heads
-        causal = mask is None
+        causal = mask is None and k.shape[2] == t  # else: one new token reads every key
         y = F.scaled_dot_product_attention(q, k, v, mask, is_causal=causal, enable_gqa=grouped)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
@@ -134,8 +145,14 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = nn.RMSNorm(shape.width, eps=shape.norm_eps)
         self.mlp = LlamaMLP(shape)
 
-    def forward(self, x: Tensor, tables: Tensor, mask: Tensor | None = None) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), tables, mask)
+    def forward(
+        self,
+        x: Tensor,
+        tables: Tensor,
+        mask: Tensor | None = None,
+        cache: LayerCache | None = None,
+    ) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), tables, mask, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -153,7 +170,9 @@ class Llama(nn.Module):
     """Token ids `[B, T]` (int64, < `shape.vocab_size`, T <= `shape.max_positions`) ->
     next-token logits float `[B, T, vocab_size]`; transformers' `LlamaForCausalLM` layout.
     Rows of packed examples come with their `documents` (int64 `[B, T]`, packing.py): each
-    example attends to itself only, its rotary positions counted from 0."""
+    example attends to itself only, its rotary positions counted from 0. With a `cache`
+    (kv_cache.py; decoding), `tokens` follow the `cache.length` positions it holds and join
+    them; positions past `max_positions` raise ValueError."""
 
     def __init__(self, shape: LlamaShape):
         super().__init__()
@@ -167,12 +186,15 @@ class Llama(nn.Module):
         for name, parameter in self.named_parameters():  # nothing to fill on the meta device
             self.init_tensor(name, parameter.data)
 
-    def forward(self, tokens: Tensor, documents: Tensor | None = None) -> Tensor:
-        if tokens.shape[1] > self.shape.max_positions:
-            raise ValueError(
-                f"{tokens.shape[1]} tokens; the model reads {self.shape.max_positions}"
-            )
-        positions, mask = torch.arange(tokens.shape[1], device=tokens.device), None
+    def forward(
+        self, tokens: Tensor, documents: Tensor | None = None, cache: KVCache | None = None
+    ) -> Tensor:
+        start = 0 if cache is None else cache.length
+        end = start + tokens.shape[1]
+        if end > self.shape.max_positions:
+            raise ValueError(f"{end} tokens; the model reads {self.shape.max_positions}")
+        positions = torch.arange(start, end, device=tokens.device)
+        mask = None if cache is None else cache.attention_mask(tokens.shape[1], tokens.device)
         if documents is not None:  # [B, 1, T]: one row of positions per sequence, every head
             positions, mask = (
                 document_positions(documents)[:, None],
@@ -180,8 +202,9 @@ class Llama(nn.Module):
             )
         tables = rotary_tables(positions, self.shape.channels_per_head, self.shape.rope_theta)
         x = self.model.embed_tokens(tokens)
-        for layer in self.model.layers:
-            x = layer(x, tables, mask)
+        caches = [None] * len(self.model.layers) if cache is None else cache.layers
+        for layer, layer_cache in zip(self.model.layers, caches, strict=True):
+            x = layer(x, tables, mask, layer_cache)
         x = self.model.norm(x)
         if self.lm_head is None:
             return F.linear(x, self.model.embed_tokens.weight)

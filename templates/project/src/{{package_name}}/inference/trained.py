@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from .config import Config, load_config
-from .model import build_model
+from ..config import Config, load_config
+from ..model import build_model
 
 
 def run_config(run_dir: Path) -> Config:

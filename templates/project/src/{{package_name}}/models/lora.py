@@ -24,8 +24,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .hub.export_folder import new_folder
-
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."  # what PeftModel's save prefixes the model's own names with
@@ -142,16 +140,23 @@ def merged_state(
 
 
 def write_adapter(
-    adapters: dict[str, Tensor], config: Any, out: Path, dtype: torch.dtype = torch.float32
+    adapters: dict[str, Tensor],
+    config: Any,
+    out: Path,
+    dtype: torch.dtype = torch.float32,
+    beside: Callable[[Path], list[Path]] | None = None,
 ) -> list[Path]:
     """Write `adapters` (`adapter_state` names) as the new folder `out`, in PEFT's format:
     adapter_config.json and adapter_model.safetensors, which `PeftModel.from_pretrained` loads
-    onto the model `init_from` names. Returns the files.
+    onto the model `init_from` names, and what `beside(folder)` writes into it (the tokenizer
+    files, which PEFT users look for beside an adapter). Returns the files.
 
     Raises:
         ValueError: `out` exists and is not an empty folder.
     """
     from safetensors.torch import save_file
+
+    from ..hub.export_folder import new_folder  # hub/ reads this package's shapes: no cycle
 
     settings = lora_config(
         config.lora_rank,
@@ -164,4 +169,5 @@ def write_adapter(
     with new_folder(out) as scratch:
         settings.save_pretrained(str(scratch))
         save_file(tensors, scratch / ADAPTER_WEIGHTS, metadata={"format": "pt"})
-    return [out / ADAPTER_CONFIG, out / ADAPTER_WEIGHTS]
+        others = beside(scratch) if beside is not None else []
+    return [out / ADAPTER_CONFIG, out / ADAPTER_WEIGHTS, *(out / path.name for path in others)]
