@@ -221,6 +221,7 @@ PROJECT_IMPORTS = frozenset(
         "pyarrow",
         "jinja2",  # the language model's chat templates
         "peft",  # the language model's LoRA adapters
+        "lm_eval",  # the language model's evaluate --tasks
         "zstandard",
         "pytest",
         "conftest",  # the project's tests/conftest.py

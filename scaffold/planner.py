@@ -434,6 +434,13 @@ VALIDATIONS_PER_RUN = 20
 # early stopping and best-checkpoint selection act on.
 VALIDATION_TOKENS = 2**21
 
+# Bits per byte during training (`eval_every`, `eval_bytes`) may cost this share of a run's time:
+# a forward pass over the held-out text, against forward + backward (about 3 forwards) over the
+# training tokens between two measurements. Sized as if each token held one byte (the byte
+# tokenizer's; a BPE's tokens hold more, so it costs less), at most EVAL_BYTES_CAP bytes.
+EVAL_TIME_SHARE = 0.015
+EVAL_BYTES_CAP = 2**20
+
 
 def _run_length(
     recipe: Recipe, params: int, micro_batch: int, settings: dict[str, Setting], world: int
@@ -453,6 +460,8 @@ def _run_length(
     steps = math.ceil(tokens / (sequences * recipe.block_size))
     every = max(1, _two_digits(steps / VALIDATIONS_PER_RUN))
     batches = math.ceil(VALIDATION_TOKENS / (micro_batch * recipe.block_size * world))
+    eval_budget = 3 * EVAL_TIME_SHARE * every * sequences * recipe.block_size
+    eval_bytes = max(recipe.block_size + 1, min(EVAL_BYTES_CAP, _two_digits(eval_budget)))
     return {
         "max_tokens": Setting(
             tokens,
@@ -467,6 +476,13 @@ def _run_length(
             batches,
             f"~{VALIDATION_TOKENS / 2**20:g}M tokens a validation, as nanoGPT's GPT-2 "
             "evaluation (200 x 12 x 1024); a smaller validation split is read whole",
+        ),
+        "eval_every": Setting(every, "bits per byte at each validation's step"),
+        "eval_bytes": Setting(
+            eval_bytes,
+            f"the held-out text a bits-per-byte measurement reads: under "
+            f"{EVAL_TIME_SHARE:.1%} of the training between two (a forward pass at one byte "
+            f"per token against forward and backward over {every} steps)",
         ),
     }
 

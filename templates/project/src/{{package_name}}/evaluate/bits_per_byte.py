@@ -16,13 +16,14 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..corpus import IGNORE_INDEX, Codec, Manifest
+from ..corpus import IGNORE_INDEX, Codec, Manifest, read_manifest
 from ..corpus.shards import DTYPES
 from ..runtime import Runtime, all_reduce_sum
 
@@ -53,11 +54,11 @@ class HeldOutText:
         for ids in documents:
             if not len(ids):
                 continue
-            text_bytes = len(codec.decode(list(ids)).encode("utf-8"))
+            text_bytes = text_size(ids, codec)
             if max_bytes is not None and total + text_bytes > max_bytes:
                 keep = max(1, math.ceil(len(ids) * (max_bytes - total) / text_bytes))
                 ids = list(ids[:keep])
-                text_bytes = len(codec.decode(ids).encode("utf-8"))
+                text_bytes = text_size(ids, codec)
             pieces += [[codec.eot_id], list(ids)]
             total, count = total + text_bytes, count + 1
             if max_bytes is not None and total >= max_bytes:
@@ -82,6 +83,15 @@ class HeldOutText:
         documents (split at the end-of-text ids), or its examples (chat or instruction
         records: their whole text, template included) (`from_documents`)."""
         return cls.from_documents(split_documents(data_dir, manifest, "val"), codec, max_bytes)
+
+
+def text_size(ids: Iterable[int], codec: Codec) -> int:
+    """UTF-8 bytes of the text token ids encode: one a token for byte tokens (exact, wherever a
+    cut falls), else the decoded text's."""
+    ids = list(ids)
+    if codec.tokenizer is None:
+        return len(ids)
+    return len(codec.decode(ids).encode("utf-8"))
 
 
 def split_documents(data_dir: Path, manifest: Manifest, split: str) -> Iterable[np.ndarray]:
@@ -184,3 +194,47 @@ def score(
         sums = all_reduce_sum(sums, runtime)
     nats, tokens = sums.tolist()
     return Score(nats, int(tokens), held_out.bytes)
+
+
+class HeldOutEvaluation:
+    """Bits per byte during training (the config's `task_evaluation` hook): every `eval_every`
+    optimizer steps, on the first `eval_bytes` of the prepared validation split (read once, so
+    every measurement scores the same text), in windows of `block_size` tokens, `micro_batch_size`
+    at a time, split over the ranks (`score`). A launch that starts at step `step` does not
+    measure that step again."""
+
+    def __init__(self, config: Any, runtime: Runtime, step: int):
+        data_dir = Path(config.data_dir)
+        manifest = read_manifest(data_dir, "prepare it first")
+        codec = Codec.for_corpus(data_dir, manifest)
+        self.text = HeldOutText.from_corpus(data_dir, manifest, codec, config.eval_bytes)
+        self.every, self.runtime, self.last_step = config.eval_every, runtime, step
+        self.context, self.batch_size = config.block_size, config.micro_batch_size
+
+    def due(self, step: int, final: bool = False) -> bool:
+        """Whether step `step` is one to measure: a multiple of `eval_every`, or the run's
+        last (`final`), not measured yet."""
+        return step > 0 and step != self.last_step and (final or step % self.every == 0)
+
+    def measure(self, engine: Any, step: int) -> dict[str, Any]:
+        """Score the held-out text with the engine's model (dropout off, its precision) at
+        step `step`: `eval_bits_per_byte`, `eval_loss` (nats per token), `eval_tokens` and
+        `eval_bytes`, the same on every rank."""
+
+        def forward(inputs: Tensor) -> Tensor:
+            with engine.autocast():
+                return engine.module(inputs)
+
+        engine.module.eval()
+        with engine.inference():
+            scored = score(
+                forward, self.text, self.context, self.batch_size, self.runtime.device, self.runtime
+            )
+        engine.module.train()
+        self.last_step = step
+        return {
+            "eval_bits_per_byte": scored.bits_per_byte,
+            "eval_loss": scored.loss,
+            "eval_tokens": scored.tokens,
+            "eval_bytes": scored.bytes,
+        }
