@@ -75,6 +75,23 @@ NOTES: dict[str, str] = {
         "validation was due and resumed now trains on the dropout masks the straight run "
         "draws. Checkpoints of 0.5.0 resume as they are"
     ),
+    "0.6.0": (
+        "language-model projects gain python -m <package>.chat (a conversation through the "
+        "model's chat template) and python -m <package>.evaluate (bits per byte on any text, "
+        "lm-evaluation-harness tasks: pip install -e '.[eval]'), and generate reads the "
+        "model's whole context through a key-value cache (inference/decode.py). The model "
+        "families moved into models/ (llama.py, lora.py, packing.py, with the new "
+        "kv_cache.py) and trained.py into inference/: your edits of them are merged into their "
+        "new paths; an import of them in your own code needs the new path (<package>.llama "
+        "-> <package>.models). model.py's ByteGPT and models/llama.py's Llama take a `cache` "
+        "in forward: where you edited model.py, the update merges it beside your edits (a "
+        "model of your own without one still decodes, a forward pass per token). "
+        "configs/train.toml gains eval_every and eval_bytes (bits per byte on held-out text "
+        "during training; where task_config.py is your own task's, delete those lines). "
+        "prepare keeps a chat corpus's template (chat_template.jinja) and runs copy it: "
+        "prepare a chat corpus again for chat and export to find it (or they fall back to "
+        "init_from's). Checkpoints of 0.5 resume as they are"
+    ),
 }
 
 # version → {old path: new path}, relative to the project; "{package}" is the package's name.
@@ -115,6 +132,14 @@ MOVES: dict[str, dict[str, str]] = {
         "src/{package}/preflight_checks.py": "src/{package}/preflight/checks.py",
         "src/{package}/preflight_facts.py": "src/{package}/preflight/facts.py",
         "src/{package}/preflight_step.py": "src/{package}/preflight/step.py",
+    },
+    # The language model's families and adapters in models/ (torchtitan's models/<name>/), a
+    # finished run's loader in inference/: the package's top holds 16 modules with chat.py.
+    "0.6.0": {
+        "src/{package}/llama.py": "src/{package}/models/llama.py",
+        "src/{package}/lora.py": "src/{package}/models/lora.py",
+        "src/{package}/packing.py": "src/{package}/models/packing.py",
+        "src/{package}/trained.py": "src/{package}/inference/trained.py",
     },
 }
 

@@ -52,6 +52,7 @@ class TaskEvaluation(Protocol):
 
 def task_evaluation(config: Config, runtime: Runtime, step: int) -> TaskEvaluation | None:
     """The config's `task_evaluation(runtime, step)` hook's evaluation for a launch that starts
-    at optimizer step `step` (None: the task has none, or it is switched off)."""
+    at optimizer step `step` (None: the task has none, or it is switched off); the run log
+    runs it (report/run_log.py)."""
     hook = getattr(config, "task_evaluation", None)  # an optional hook of the task's
     return None if hook is None else hook(runtime, step)
