@@ -47,8 +47,8 @@ from fabric_lm_fsdp2_fp32.corpus import (
 )
 from fabric_lm_fsdp2_fp32.corpus import jobs as prepare_jobs
 from fabric_lm_fsdp2_fp32.data import build_datasets
-from fabric_lm_fsdp2_fp32.generate import generate
 from fabric_lm_fsdp2_fp32.generate import main as generate_main
+from fabric_lm_fsdp2_fp32.inference.decode import generate
 from fabric_lm_fsdp2_fp32.model import build_model
 from fabric_lm_fsdp2_fp32.prepare import main
 from fabric_lm_fsdp2_fp32.runtime import init_runtime
@@ -601,7 +601,7 @@ def test_generate_never_samples_ids_past_the_tokenizers_vocabulary():
             return logits
 
     start, generator = torch.tensor([[1]]), torch.Generator().manual_seed(0)
-    options = {"block_size": 8, "generator": generator}
+    options = {"context": 32, "generator": generator}
     assert 300 in generate(FavoursPadding(), start, 5, temperature=0, **options)
     for temperature in (0, 1.0):
         options |= {"temperature": temperature, "vocab_size": 257}

@@ -29,7 +29,7 @@ from fabric_lm_fsdp2_fp32.config import load_config
 from fabric_lm_fsdp2_fp32.data import NUM_CLASSES, build_datasets
 from fabric_lm_fsdp2_fp32.engine import COMPUTE_DTYPE
 from fabric_lm_fsdp2_fp32.hub import Architecture, hub_config
-from fabric_lm_fsdp2_fp32.llama import Llama, LlamaShape
+from fabric_lm_fsdp2_fp32.models import Llama, LlamaShape
 from fabric_lm_fsdp2_fp32.model import build_model
 from fabric_lm_fsdp2_fp32.preflight import main as preflight_main
 from fabric_lm_fsdp2_fp32.preflight.checks import CHECK_FAILED, FAIL, PASS, RANKS_MISSING, SKIP

@@ -33,10 +33,10 @@ from fabric_lm_fsdp2_fp32.data import NUM_CLASSES
 from fabric_lm_fsdp2_fp32.engine import build_on_meta, materialize
 from fabric_lm_fsdp2_fp32.export import main as export_main
 from fabric_lm_fsdp2_fp32.hub import export_folder, read_architecture
-from fabric_lm_fsdp2_fp32.lora import adapter_state, base_name
+from fabric_lm_fsdp2_fp32.inference import load_trained
 from fabric_lm_fsdp2_fp32.model import build_model, model_architecture
+from fabric_lm_fsdp2_fp32.models import adapter_state, base_name
 from fabric_lm_fsdp2_fp32.train import main as train_main
-from fabric_lm_fsdp2_fp32.trained import load_trained
 
 import launcher
 from conftest import (

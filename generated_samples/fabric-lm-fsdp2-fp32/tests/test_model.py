@@ -14,7 +14,7 @@ import torch
 from fabric_lm_fsdp2_fp32.config import load_config, parse_param_count
 from fabric_lm_fsdp2_fp32.data import build_datasets
 from fabric_lm_fsdp2_fp32.engine import Engine
-from fabric_lm_fsdp2_fp32.generate import generate
+from fabric_lm_fsdp2_fp32.inference.decode import generate
 from fabric_lm_fsdp2_fp32.model import build_model
 from fabric_lm_fsdp2_fp32.runtime import init_runtime
 from fabric_lm_fsdp2_fp32.task import EXPECTED_INITIAL_LOSS, SUMS, eval_sums, loss_fn

@@ -14,7 +14,7 @@ import torch
 from lm_cpu_single_fp32.config import load_config, parse_param_count
 from lm_cpu_single_fp32.data import build_datasets
 from lm_cpu_single_fp32.engine import Engine
-from lm_cpu_single_fp32.generate import generate
+from lm_cpu_single_fp32.inference.decode import generate
 from lm_cpu_single_fp32.model import build_model
 from lm_cpu_single_fp32.runtime import init_runtime
 from lm_cpu_single_fp32.task import EXPECTED_INITIAL_LOSS, SUMS, eval_sums, loss_fn

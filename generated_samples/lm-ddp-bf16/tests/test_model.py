@@ -14,7 +14,7 @@ import torch
 from lm_ddp_bf16.config import load_config, parse_param_count
 from lm_ddp_bf16.data import build_datasets
 from lm_ddp_bf16.engine import Engine
-from lm_ddp_bf16.generate import generate
+from lm_ddp_bf16.inference.decode import generate
 from lm_ddp_bf16.model import build_model
 from lm_ddp_bf16.runtime import init_runtime
 from lm_ddp_bf16.task import EXPECTED_INITIAL_LOSS, SUMS, eval_sums, loss_fn

@@ -40,7 +40,7 @@ TEST_SETTINGS |= {"micro_batch_size": 32, "grad_accum_steps": 1, "lr": 2e-3, "wa
 TEST_SETTINGS |= {"activation_checkpointing": False}
 # The run's length in epochs, validated at each epoch's end, as the ladder's tests count them
 # (test_train.py's own tests run a token budget and validation every few steps).
-TEST_SETTINGS |= {"max_tokens": 0, "val_every": 0, "val_batches": 0}
+TEST_SETTINGS |= {"max_tokens": 0, "val_every": 0, "val_batches": 0, "eval_every": 0}
 # Ranks draw their own dropout: off where runs of 1 and 2 processes compare.
 RANDOMNESS_OFF = ["dropout=0.0"]
 # Libraries a run imports besides the project's modules (tests/launcher.py preloads them).

@@ -29,7 +29,7 @@ from lm_zero3_bf16.config import load_config
 from lm_zero3_bf16.data import NUM_CLASSES, build_datasets
 from lm_zero3_bf16.engine import COMPUTE_DTYPE
 from lm_zero3_bf16.hub import Architecture, hub_config
-from lm_zero3_bf16.llama import Llama, LlamaShape
+from lm_zero3_bf16.models import Llama, LlamaShape
 from lm_zero3_bf16.model import build_model
 from lm_zero3_bf16.preflight import main as preflight_main
 from lm_zero3_bf16.preflight.checks import CHECK_FAILED, FAIL, PASS, RANKS_MISSING, SKIP

@@ -33,10 +33,10 @@ from lm_zero3_bf16.data import NUM_CLASSES
 from lm_zero3_bf16.engine import build_on_meta, materialize
 from lm_zero3_bf16.export import main as export_main
 from lm_zero3_bf16.hub import export_folder, read_architecture
-from lm_zero3_bf16.lora import adapter_state, base_name
+from lm_zero3_bf16.inference import load_trained
 from lm_zero3_bf16.model import build_model, model_architecture
+from lm_zero3_bf16.models import adapter_state, base_name
 from lm_zero3_bf16.train import main as train_main
-from lm_zero3_bf16.trained import load_trained
 
 import launcher
 from conftest import (

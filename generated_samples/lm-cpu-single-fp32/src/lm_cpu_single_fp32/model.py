@@ -1,6 +1,6 @@
 """The example model: a decoder sized from a target parameter count in the shapes of published
 decoders (GPT-3, Pythia, LLaMA: `shape_for`), GPT-style (`ByteGPT`, `model_family = "gpt2"`) or
-Llama-style (llama.py, `model_family = "llama"`), or the shape of a Hugging Face model folder
+Llama-style (models/llama.py, `model_family = "llama"`), or the shape of a Hugging Face model folder
 (`init_from`: its config.json; the engines then load its weights, hub/).
 
 This file is yours: replace the model with your own; `scaffold update` leaves it alone. What the
@@ -11,7 +11,7 @@ rest of the project needs from it (`train.py` imports nothing else from here):
   softmax: the loss applies log-softmax itself). Start the logits near zero, so the initial
   loss is ln(NUM_CLASSES), the sanity ladder's rung 2. For packed example data (`pack`),
   `forward(tokens, documents)` too: int64 `[B, T]` example indices, within which alone each
-  position attends and from whose start it counts its position (packing.py).
+  position attends and from whose start it counts its position (models/packing.py).
 - `model.shard_units() -> list[nn.Module]`: the submodules a strategy that shards the model
   wraps one at a time (each is gathered whole only while it runs) and activation checkpointing
   recomputes one at a time; the transformer blocks.
@@ -38,9 +38,15 @@ from torch import Tensor, nn
 from .config import Config, parse_param_count
 from .data import NUM_CLASSES
 from .hub import Architecture, GPT2Shape, HubWeights, read_architecture
-from .llama import Llama, LlamaShape
-from .lora import add_adapters
-from .packing import document_causal_mask, document_positions
+from .models import (
+    KVCache,
+    LayerCache,
+    Llama,
+    LlamaShape,
+    add_adapters,
+    document_causal_mask,
+    document_positions,
+)
 
 # Published decoders' shapes: (name, nominal parameters, blocks, width, heads). A model_size equal
 # to a nominal size builds that shape, with fewer parameters here: the nominal counts include
@@ -86,7 +92,9 @@ class Shape(NamedTuple):
 
 class CausalSelfAttention(nn.Module):
     """Multi-head self-attention where position t sees positions <= t: `[B, T, C] -> [B, T, C]`;
-    with `mask` (bool `[B, 1, T, T]`, packing.document_causal_mask), the positions it allows."""
+    with `mask` (bool `[B, 1, T, T]`, packing.document_causal_mask), the positions it allows.
+    With `cache` (models/kv_cache.py), the T new positions also read the cached ones and join
+    them (`mask`, where given, is then `[T, cached + T]`: KVCache.attention_mask)."""
 
     def __init__(self, width: int, heads: int, dropout: float):
         super().__init__()
@@ -97,14 +105,18 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(width, width)
         self.dropout = dropout
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, mask: Tensor | None = None, cache: LayerCache | None = None
+    ) -> Tensor:
         b, t, c = x.shape
         qkv = self.qkv(x).view(b, t, 3, self.heads, c // self.heads)
         q, k, v = qkv.transpose(1, 3).unbind(dim=2)
+        if cache is not None:
+            k, v = cache.append(k, v)
         # q, k, v: [B, heads, T, C / heads]; without a mask the fused kernel applies the causal
-        # one itself.
+        # one itself (one new token after cached ones reads every key).
         p = self.dropout if self.training else 0.0
-        causal = mask is None
+        causal = mask is None and k.shape[2] == t
         y = F.scaled_dot_product_attention(q, k, v, mask, dropout_p=p, is_causal=causal)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 
@@ -125,8 +137,10 @@ class Block(nn.Module):
             nn.Dropout(dropout),
         )
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        x = x + self.attn(self.ln_attn(x), mask)
+    def forward(
+        self, x: Tensor, mask: Tensor | None = None, cache: LayerCache | None = None
+    ) -> Tensor:
+        x = x + self.attn(self.ln_attn(x), mask, cache)
         return x + self.mlp(self.ln_mlp(x))
 
 
@@ -134,8 +148,10 @@ class ByteGPT(nn.Module):
     """Token ids `[B, T]` (int64, < vocab_size, T <= block_size) -> next-token logits
     `[B, T, vocab_size]` (default NUM_CLASSES); transformers' `GPT2LMHeadModel` without tied
     embeddings (hub/names.py maps the names). Rows of packed examples come with their
-    `documents` (int64 `[B, T]`, packing.py): each example attends to itself only, its
-    positions counted from 0."""
+    `documents` (int64 `[B, T]`, models/packing.py): each example attends to itself only, its
+    positions counted from 0. With a `cache` (models/kv_cache.py; decoding), `tokens` follow
+    the `cache.length` positions it holds and join them; positions past `block_size` raise
+    ValueError."""
 
     def __init__(
         self,
@@ -159,14 +175,23 @@ class ByteGPT(nn.Module):
         for name, parameter in self.named_parameters():  # nothing to fill on the meta device
             self.init_tensor(name, parameter.data)
 
-    def forward(self, tokens: Tensor, documents: Tensor | None = None) -> Tensor:
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        mask = None
+    def forward(
+        self, tokens: Tensor, documents: Tensor | None = None, cache: KVCache | None = None
+    ) -> Tensor:
+        start = 0 if cache is None else cache.length
+        end = start + tokens.shape[1]
+        if end > self.position_embedding.num_embeddings:
+            raise ValueError(
+                f"{end} tokens; the model reads {self.position_embedding.num_embeddings}"
+            )
+        positions = torch.arange(start, end, device=tokens.device)
+        mask = None if cache is None else cache.attention_mask(tokens.shape[1], tokens.device)
         if documents is not None:
             positions, mask = document_positions(documents), document_causal_mask(documents)
         x = self.token_embedding(tokens) + self.position_embedding(positions)
-        for block in self.blocks:
-            x = block(x, mask)
+        caches = [None] * len(self.blocks) if cache is None else cache.layers
+        for block, block_cache in zip(self.blocks, caches, strict=True):
+            x = block(x, mask, block_cache)
         return self.head(self.ln_final(x))
 
     def shard_units(self) -> list[nn.Module]:
@@ -302,7 +327,7 @@ def build_model(config: Config) -> nn.Module:
     `init_tensor` reads the folder's weights (`HubWeights`, which checks their names and shapes
     first): built on the meta device and materialised by the engine (engine/build.py), the
     model starts from them, each process reading only what it keeps. With `finetune = "lora"`
-    they stay frozen and PEFT's LoRA adapters on `lora_targets` train (lora.py).
+    they stay frozen and PEFT's LoRA adapters on `lora_targets` train (models/lora.py).
 
     Raises:
         ValueError: see `model_architecture` and `HubWeights`.
@@ -325,6 +350,6 @@ def build_model(config: Config) -> nn.Module:
         model.init_tensor = HubWeights(
             Path(config.init_from), architecture.family, model
         ).init_tensor
-    if config.finetune == "lora":  # frozen weights, low-rank adapters trained (lora.py)
+    if config.finetune == "lora":  # frozen weights, low-rank adapters trained (models/lora.py)
         model = add_adapters(model, config)
     return model

@@ -5,7 +5,8 @@ for the final step's, or a path), which every strategy's run writes as one file 
 or from any checkpoint (`--checkpoint runs/<run>/checkpoints/step-N`, any strategy's format
 written at any number of processes: loaded here as a resume on one CPU process would load it):
 config.json, the weights under transformers' names (sharded above `--max-shard-size`, as
-transformers shards), generation_config.json and the run's tokenizer. Then
+transformers shards), generation_config.json (its `eos_token_id` ends a reply at the end of text
+and at the chat template's end of turn) and the run's tokenizer with its chat template. Then
 
     AutoModelForCausalLM.from_pretrained(OUT), AutoTokenizer.from_pretrained(OUT)
 
@@ -15,7 +16,7 @@ the memory of one shard (`--max-shard-size`, 2 GiB: safetensors writes a file wh
 A LoRA run (`finetune = "lora"`) exports its adapters in PEFT's format (adapter_config.json,
 adapter_model.safetensors), which `PeftModel.from_pretrained(base, OUT)` loads onto the model
 `init_from` names; `--merge` writes the merged model instead, as above (it holds the whole
-model once).
+model once). The tokenizer files go beside the adapters too.
 """
 
 from __future__ import annotations
@@ -28,17 +29,19 @@ from pathlib import Path
 from safetensors.torch import load_file, save_file
 
 from .checkpoint import WEIGHTS_FILE
-from .config import Config, command_parser, load_config, user_errors
+from .config import command_parser, load_config, user_errors
 from .corpus import TOKENIZER_FILE
-from .engine import Engine, build_on_meta
-from .generate import run_codec
 from .hub import export_folder
-from .hub.export_folder import DEFAULT_SHARD_BYTES, TOKENIZER_CONFIG, export_dtype
-from .lora import adapter_state, base_name, merged_state, write_adapter
+from .hub.export_folder import (
+    DEFAULT_SHARD_BYTES,
+    TOKENIZER_CONFIG,
+    export_dtype,
+    write_tokenizer,
+)
+from .inference import run_config, run_weights
+from .inference.sources import checkpoint_weights, end_of_turn_ids, run_codec, run_template
 from .model import model_architecture
-from .runtime import init_runtime, shutdown_runtime
-from .trained import run_config, run_weights
-from .training import build_optimizer
+from .models import adapter_state, base_name, merged_state, write_adapter
 
 SIZE_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
@@ -57,29 +60,6 @@ def parse_size(text: str) -> int:
     if upper.isdigit() and int(upper) > 0:
         return int(upper)
     raise ValueError(f"--max-shard-size {text!r} is not a size such as 5GB, 500MB or 2GiB")
-
-
-def checkpoint_weights(config: Config, folder: Path, out: Path) -> Path:
-    """The model weights of the checkpoint `folder` as one safetensors file `out` (returned):
-    the run's engine, built in this process on the CPU, loads it as a resume on one process
-    does (a sharded checkpoint of any world size is resharded) and gathers the whole state
-    dict. Holds the model and its optimizer state while it does.
-
-    Raises:
-        ValueError: `folder` is no checkpoint the engine loads.
-    """
-    if not (folder / "trainer.pt").is_file():
-        raise ValueError(f"{folder} is no checkpoint folder (no trainer.pt); name a step-N folder")
-    runtime = init_runtime("cpu")
-    try:
-        make_optimizer = functools.partial(build_optimizer, config=config)
-        engine = Engine(build_on_meta(config), make_optimizer, runtime, config)
-        engine.load(folder)
-        state = engine.full_state_dict()
-    finally:
-        shutdown_runtime(runtime)
-    save_file({name: tensor.contiguous() for name, tensor in state.items()}, out)
-    return out
 
 
 def main(argv: list[str] | None = None) -> list[Path]:
@@ -115,6 +95,20 @@ def main(argv: list[str] | None = None) -> list[Path]:
             original = Path(config.init_from) / TOKENIZER_CONFIG
         if architecture.eos_token_id is None:
             architecture = dataclasses.replace(architecture, eos_token_id=codec.eot_id)
+        template = run_template(run_dir, config)
+        turn_ends = end_of_turn_ids(template, codec) if template else []
+        stop_ids = tuple(dict.fromkeys([codec.eot_id, *turn_ends]))
+        template_source = template.source if template else None
+        tokenizer_files = None
+        if tokenizer is not None:
+            tokenizer_files = functools.partial(
+                write_tokenizer,
+                architecture=architecture,
+                tokenizer=tokenizer,
+                eot=eot,
+                original_tokenizer_config=original,
+                chat_template=template_source,
+            )
         if args.merge and config.finetune != "lora":
             raise ValueError(
                 f"--merge folds LoRA adapters in, and {run_dir} trained every weight; leave "
@@ -130,7 +124,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
                 adapters = adapter_state(adapted)
                 if not args.merge:
                     files = write_adapter(
-                        adapters, config, Path(args.out), export_dtype(args.dtype)
+                        adapters, config, Path(args.out), export_dtype(args.dtype), tokenizer_files
                     )
                     print(f"wrote {args.out}: {', '.join(path.name for path in files)}")
                     return files
@@ -149,6 +143,8 @@ def main(argv: list[str] | None = None) -> list[Path]:
                 original,
                 args.dtype,
                 max_shard_bytes,
+                template_source,
+                stop_ids,
             )
     tokenizer_note = "" if tokenizer else " (byte tokens: no tokenizer.json to ship)"
     print(f"wrote {args.out}: {', '.join(path.name for path in files)}{tokenizer_note}")

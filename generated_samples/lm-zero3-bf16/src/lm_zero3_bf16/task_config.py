@@ -14,14 +14,15 @@ from typing import Any, ClassVar
 from .corpus import (
     MANIFEST,
     RUN_MANIFEST,
+    TEMPLATE_FILE,
     TOKENIZER_FILE,
     describe_change,
     manifest_at,
     same_tokenizer,
 )
 
-MODEL_FAMILIES = ("gpt2", "llama")  # model.py's ByteGPT and llama.py's Llama
-FINETUNES = ("full", "lora")  # every weight trains, or LoRA adapters only (lora.py)
+MODEL_FAMILIES = ("gpt2", "llama")  # model.py's ByteGPT and models/llama.py's Llama
+FINETUNES = ("full", "lora")  # every weight trains, or LoRA adapters only (models/lora.py)
 
 # How a task's data changed since a checkpoint, in words, and why a run may not go on with it
 # (None: it may): `TaskConfig.task_data_change`.
@@ -50,6 +51,8 @@ class TaskConfig:
     lora_dropout: float = 0.0
     lora_targets: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
     dropout: float = 0.0
+    eval_every: int = 61
+    eval_bytes: int = 45000
     epochs: int = 4
     max_tokens: int = 20_000_000
     micro_batch_size: int = 32
@@ -84,7 +87,7 @@ class TaskConfig:
     @property
     def base_fingerprint(self) -> str:
         """For LoRA, the checksum of init_from's weights files, which a run's adapters rest on
-        and its checkpoints leave out (lora.py); '' otherwise."""
+        and its checkpoints leave out (models/lora.py); '' otherwise."""
         if self.finetune != "lora" or not self.init_from:
             return ""
         return weights_fingerprint(Path(self.init_from))
@@ -95,6 +98,16 @@ class TaskConfig:
         if not self.max_tokens:
             return 0
         return max(1, self.max_tokens // (sequences_per_step * self.block_size))
+
+    def task_evaluation(self, runtime: Any, step: int) -> Any:
+        """Bits per byte of the first `eval_bytes` of the validation split every `eval_every`
+        optimizer steps (evaluate/bits_per_byte.py's HeldOutEvaluation, for a launch that
+        starts at `step`); None where `eval_every` is 0."""
+        if not self.eval_every:
+            return None
+        from .evaluate.bits_per_byte import HeldOutEvaluation
+
+        return HeldOutEvaluation(self, runtime, step)
 
     def task_data_change(self, saved: dict[str, Any], run_dir: str) -> DataChange | None:
         """How the corpus in `data_dir` differs from the one a checkpoint trained on (`saved`:
@@ -123,10 +136,13 @@ class TaskConfig:
     def task_run_files(self) -> dict[str, Path]:
         """Files a run keeps in its folder, by name, copied there when a launch starts, so its
         weights stay usable whatever becomes of `data_dir`: the manifest of the corpus it
-        trains on (RUN_MANIFEST) and its tokenizer.json (none for bytes)."""
+        trains on (RUN_MANIFEST), its tokenizer.json (none for bytes) and the chat template its
+        examples were rendered with (chat records only)."""
         files = {RUN_MANIFEST: Path(self.data_dir) / MANIFEST}
-        tokenizer = Path(self.data_dir) / TOKENIZER_FILE
-        return files | ({TOKENIZER_FILE: tokenizer} if tokenizer.is_file() else {})
+        for name in (TOKENIZER_FILE, TEMPLATE_FILE):
+            if (Path(self.data_dir) / name).is_file():
+                files[name] = Path(self.data_dir) / name
+        return files
 
     def task_problems(self) -> list[str]:
         """Every task setting outside its range, one message per key (empty when all are
@@ -135,8 +151,13 @@ class TaskConfig:
         for key in ("block_size", "corpus_bytes"):
             if getattr(self, key) <= 0:
                 problems.append(f"{key} must be > 0, got {getattr(self, key)!r}")
-        if self.max_tokens < 0:
-            problems.append(f"max_tokens must be >= 0, got {self.max_tokens!r}")
+        for key in ("max_tokens", "eval_every"):
+            if getattr(self, key) < 0:
+                problems.append(f"{key} must be >= 0, got {getattr(self, key)!r}")
+        if self.eval_bytes <= self.block_size:
+            problems.append(
+                f"eval_bytes must be > block_size ({self.block_size}), got {self.eval_bytes!r}"
+            )
         if not 0 <= self.dropout < 1:
             problems.append(f"dropout must be in [0, 1), got {self.dropout!r}")
         if self.model_family not in MODEL_FAMILIES:

@@ -89,6 +89,7 @@ class Trainer:
         self.resumed_from = start_or_resume(self.checkpoints, self.state, runtime, resume)
         self.guards = Safeguards(config, self.engine)
         self.log.also_log(self.guards.values)
+        self.log.evaluate_with(self.engine)  # the task's own evaluation, if it has one
         self.checkpointer = Checkpointer(config, self.checkpoints, self.state, self.guards)
         self.profiler = ProfileWindow(config, runtime)
 
@@ -100,8 +101,7 @@ class Trainer:
         if not state.finished(config):  # a resumed run that had ended records nothing
             self.log.start_run(state, self.resumed_from)
             self.profiler.at_step(state.step)
-        # Closed in reverse: the loader's workers go, a background save finishes, and the
-        # guards let go of the run folder last.
+        # Closed in reverse: loader workers, then a background save, then the run folder.
         with self.guards, self.log, self.profiler, closing(self.checkpoints), closing(state.data):
             while not state.finished(config):  # a due validation first: a resume may owe one
                 self.validate() if state.validation_due(config) else self.train_until_validation()

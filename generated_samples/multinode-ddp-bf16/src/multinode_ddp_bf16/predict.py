@@ -21,8 +21,8 @@ from .data import IMAGENET_MEAN, IMAGENET_STD
 from .images.augment import eval_transform
 from .images.decode import BadImage, decode_image
 from .images.store import manifest_at
+from .inference import load_trained
 from .task_config import RUN_MANIFEST
-from .trained import load_trained
 
 
 @torch.no_grad()

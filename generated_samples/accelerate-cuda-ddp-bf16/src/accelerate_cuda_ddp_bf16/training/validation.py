@@ -4,12 +4,14 @@ counted once (the last batches padded so that every rank runs as many forward pa
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 import torch
 
+from ..config import Config
 from ..engine.strategy import Engine
 from ..loader.dataloaders import model_inputs, padded_batches
-from ..runtime import all_reduce_sum
+from ..runtime import Runtime, all_reduce_sum
 from ..task import SUMS, eval_sums, validation_metrics
 
 
@@ -36,3 +38,21 @@ def evaluate(
     totals = all_reduce_sum(sums, engine.runtime).tolist()
     named = dict(zip(SUMS, totals, strict=False))  # the sums past SUMS: the task's `extra`
     return validation_metrics(named | {"extra": totals[len(SUMS) :]})
+
+
+class TaskEvaluation(Protocol):
+    """A task's own measurement between validations (the language model's bits per byte on
+    held-out text): due at some optimizer steps and at a run's last (`final`), it runs on the
+    engine in every process and returns its figures (the same in every process)."""
+
+    def due(self, step: int, final: bool = False) -> bool: ...
+
+    def measure(self, engine: Engine, step: int) -> dict[str, Any]: ...
+
+
+def task_evaluation(config: Config, runtime: Runtime, step: int) -> TaskEvaluation | None:
+    """The config's `task_evaluation(runtime, step)` hook's evaluation for a launch that starts
+    at optimizer step `step` (None: the task has none, or it is switched off); the run log
+    runs it (report/run_log.py)."""
+    hook = getattr(config, "task_evaluation", None)  # an optional hook of the task's
+    return None if hook is None else hook(runtime, step)

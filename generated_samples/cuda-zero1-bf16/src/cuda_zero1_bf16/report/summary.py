@@ -174,6 +174,7 @@ def build_summary(
         "checkpoint_stall_seconds": sum(checkpoint_stalls),
         "checkpoint_stall_max_seconds": max(checkpoint_stalls, default=0.0),
         "peak_memory_bytes": peak_memory_bytes(runtime.device),
+        "evaluation": stats.get("evaluation"),
         "files": files,
         "config": config.to_dict(),
     }
@@ -222,6 +223,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{summary['expected_initial_loss']:.4f}); resumed from: {summary['resumed_from'] or 'no'}"
         f"{_resumes_that_changed(summary)}",
         _results(summary),
+        *_evaluation(summary),
         *summary.get("task_lines", []),
         f"**Throughput:** {describe_throughput(summary)} | data-loader time share "
         f"{summary['data_time_share']:.1%} | peak memory "
@@ -244,6 +246,20 @@ def _early_stop(summary: dict[str, Any]) -> str:
         f" (early stop: {config['early_stop_patience']} validations after the warmup without "
         f"a better {config['monitor']})"
     )
+
+
+def _evaluation(summary: dict[str, Any]) -> list[str]:
+    """The task's last evaluation of this launch (`eval_every`), e.g. "**Held-out:**
+    bits_per_byte 1.2345 at step 40", in a list of one line; none where it made none."""
+    figures = dict(summary.get("evaluation") or {})
+    if not figures:
+        return []
+    step = figures.pop("step")
+    shown = ", ".join(
+        f"{name} {value:.4g}" if isinstance(value, float) else f"{name} {value:,}"
+        for name, value in figures.items()
+    )
+    return [f"**Held-out:** {shown} at step {step}"]
 
 
 def _files(summary: dict[str, Any]) -> str:

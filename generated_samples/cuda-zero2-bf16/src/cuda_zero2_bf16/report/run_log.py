@@ -23,6 +23,7 @@ from ..runtime import Runtime, all_reduce_sum
 from ..state_io import atomic_write, atomic_write_text
 from ..task import throughput
 from ..training.state import TrainState, check_monitor, is_log_step
+from ..training.validation import TaskEvaluation, task_evaluation
 from .trackers import Tracker, check_trackers, open_trackers, scalar_tags
 
 
@@ -48,6 +49,15 @@ class RunLog:
         check_monitor(config.monitor)
         self.records = MetricsFile(config) if runtime.is_main else NoRecords()
         self.sources: list[Callable[[], dict[str, float]]] = []
+        self.engine: Any = None
+        self.evaluation: TaskEvaluation | None = None
+
+    def evaluate_with(self, engine: Any) -> None:
+        """Run the task's own evaluation (its config's `task_evaluation` hook: the language
+        model's bits per byte on held-out text) with `engine` after each optimizer step it is
+        due at and after the run's last, outside the training time; each is recorded as an
+        "eval" row and the last goes into the run summary (`stats["evaluation"]`)."""
+        self.engine = engine
 
     def also_log(self, values: Callable[[], dict[str, float]]) -> None:
         """Add `values()` (the safeguards' skipped-update count...) to every train log line."""
@@ -59,6 +69,8 @@ class RunLog:
         (`TrainState.world_size_changes`' and `data_changes`' entries; None where it made
         none); open the progress bar over the run's steps."""
         self.records.open(state.step)
+        if self.engine is not None:
+            self.evaluation = task_evaluation(self.config, self.runtime, state.step)
 
         def made_now(changes: list[dict[str, Any]]) -> dict[str, Any] | None:
             made = resumed_from is not None and changes and changes[-1]["step"] == state.step
@@ -118,6 +130,7 @@ class RunLog:
         world_size = self.runtime.world_size
         self.stats["samples"] += self.config.global_batch_size(world_size, micro_batches)
         self.bar.update()
+        self._evaluate(state)
         if not is_log_step(state.step, self.config.log_every):
             return None
         world = self.runtime.world_size  # every rank logs the same steps: a safe collective
@@ -129,6 +142,21 @@ class RunLog:
         epoch = f"{state.epochs_done():.2f}"
         self.bar.set_postfix(epoch=epoch, loss=f"{loss_value:.4f}", lr=f"{lr:.2e}")
         return loss_value
+
+    def _evaluate(self, state: TrainState) -> None:
+        """The task's evaluation where it is due at this step (`evaluate_with`), its time taken
+        out of the training time and of the next log line's window, as a validation's is."""
+        final = state.length_reached(self.config)
+        if self.evaluation is None or not self.evaluation.due(state.step, final):
+            return
+        start = time.perf_counter()
+        figures = self.evaluation.measure(self.engine, state.step)
+        elapsed = time.perf_counter() - start
+        self.stats["train_seconds"] -= elapsed  # `training` adds the whole stretch at its end
+        clock, samples = self.since_log
+        self.since_log = (clock + elapsed, samples)
+        self.write("eval", step=state.step, **figures)
+        self.stats["evaluation"] = {"step": state.step, **figures}
 
     def _recent_throughput(self) -> dict[str, float]:
         """The task's rates (`task.throughput`: samples/s and the task's own) since the last

@@ -94,7 +94,7 @@ def init_weights(
 def frozen_parameters(model: nn.Module) -> set[str]:
     """The names of `model`'s parameters that do not train (`requires_grad` False: a LoRA run's
     base weights). A checkpoint leaves them out: they are the model's start, built again at a
-    resume (lora.py)."""
+    resume (models/lora.py)."""
     return {name for name, parameter in model.named_parameters() if not parameter.requires_grad}
 
 

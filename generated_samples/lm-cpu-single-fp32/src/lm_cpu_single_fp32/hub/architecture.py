@@ -1,7 +1,7 @@
 """A Hugging Face model folder's `config.json` read into this project's shapes, and written
 back from them: the architectures the project's two model families can hold exactly.
 
-`llama` (llama.py) holds transformers' `llama`, `mistral` (no sliding window) and `qwen2`
+`llama` (models/llama.py) holds transformers' `llama`, `mistral` (no sliding window) and `qwen2`
 (q/k/v biases, no sliding window) models; `gpt2` (model.py's `ByteGPT`) holds `gpt2`. Anything
 else (mixture-of-experts, sliding-window attention, scaled rotary positions, another
 `model_type`) is refused in one line that lists what is supported, since loading it into a
@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 from tokenizers import Tokenizer
 
-from ..llama import LlamaShape
+from ..models.llama import LlamaShape
 
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"

@@ -1,7 +1,7 @@
 """Parameter names between this project's models and the Hugging Face checkpoints they load
 from and export to.
 
-The Llama family's names are transformers' own (llama.py). `ByteGPT` (model.py) keeps its own
+The Llama family's names are transformers' own (models/llama.py). `ByteGPT` (model.py) keeps its own
 readable names; GPT-2's checkpoints name the same tensors otherwise, and store its linear
 layers' weights transposed (transformers' `Conv1D` keeps them `[in, out]`).
 """

@@ -3,6 +3,7 @@ and tokenized in parallel jobs (`survey.py`, `jobs.py`) into memory-mapped token
 manifest (`shards.py`), by `prepare` (`pipeline.py`), which `python -m <package>.prepare`
 runs."""
 
+from .chat import TEMPLATE_FILE
 from .documents import PIECE_CHARS, Span, read_pieces, text_layout
 from .examples import IGNORE_INDEX, ExampleRows
 from .pipeline import Options, prepare
@@ -30,6 +31,7 @@ __all__ = [
     "PIECE_CHARS",
     "RUN_MANIFEST",
     "Span",
+    "TEMPLATE_FILE",
     "TOKENIZER_FILE",
     "TokenWindows",
     "describe_change",

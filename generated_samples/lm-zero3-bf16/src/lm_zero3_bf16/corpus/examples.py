@@ -11,7 +11,7 @@ A row's targets are its inputs shifted left by one token within each example; a 
 IGNORE_INDEX where its token is not trained (the prompt, a user's turn, the system message),
 after an example's last token, and on padding. Packed, a row holds whole examples one after
 another (`packed_rows`: first fit over the last rows opened, in the prepared order), and comes
-with its `documents` (packing.py), so that no example attends to another.
+with its `documents` (models/packing.py), so that no example attends to another.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tqdm import tqdm
 
-from .chat import ChatTemplate, encode_example, read_records, template_beside
+from .chat import TEMPLATE_FILE, ChatTemplate, encode_example, read_records, template_beside
 from .documents import BadRecord, is_validation
 from .shards import CHUNK_BYTES, DTYPES, SPLITS, TOKENIZER_FILE, Codec, Manifest, Shard, file_sha256
 from .sources import plural
@@ -160,6 +160,8 @@ def write_examples(
     codec = Codec(tokenizer_file, options.eot)
     template_file = chat_template_file(options)
     template = ChatTemplate.load(template_file) if template_file else None
+    if template is not None:  # kept with the corpus: runs, chat and export read it from there
+        (scratch / TEMPLATE_FILE).write_text(template.source, encoding="utf-8")
     dtype = "uint16" if codec.vocab_size <= 2**16 else "uint32"
     writers = {split: ShardWriter(scratch, split, dtype, options.shard_tokens) for split in SPLITS}
     counts: Counter[str] = Counter()
@@ -288,8 +290,8 @@ class ExampleRows:
     """The examples of one split as rows of `block_size` tokens, read from memory-mapped shards
     (module docstring): `dataset[indices]` (a list of ints) returns `(inputs, targets)`, both
     int64 `[B, block_size]`, or with `pack`, `((inputs, documents), targets)`, `documents`
-    int64 `[B, block_size]` (packing.py). Padding is `pad_id` in the inputs, IGNORE_INDEX in the
-    targets.
+    int64 `[B, block_size]` (models/packing.py). Padding is `pad_id` in the inputs,
+    IGNORE_INDEX in the targets.
 
     Raises:
         ValueError: an example longer than `block_size` (prepare it again with

@@ -6,7 +6,10 @@ The folder holds config.json (`architecture.hub_config`), the weights under tran
 in safetensors files of at most `max_shard_bytes` each (more than one: with
 model.safetensors.index.json, transformers' sharded layout), generation_config.json, and the
 tokenizer: its tokenizer.json and a tokenizer_config.json naming the special tokens (the
-original's, where the model came from a folder that had one, so that its chat template stays).
+original's, where the model came from a folder that had one), and the chat template the model's
+chat examples were rendered with, in chat_template.jinja (where transformers >= 4.43 reads
+it); generation_config.json's `eos_token_id` lists every id that ends a reply (the end of text
+and the template's end of turn), so that `generate` and vLLM stop there.
 It is written in a scratch folder beside the destination and renamed into place, so an export
 that fails leaves nothing.
 """
@@ -32,6 +35,7 @@ from .names import file_name, hub_name
 from .weights import INDEX_FILE, WEIGHTS_FILE
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
+TEMPLATE_FILE = "chat_template.jinja"
 # A shard's tensors are in memory while it is written (safetensors writes a file whole), so the
 # shard size bounds an export's memory: 2 GiB, within transformers' 5GB of version 4.
 DEFAULT_SHARD_BYTES = 2 * 2**30
@@ -85,12 +89,16 @@ def export_folder(
     original_tokenizer_config: Path | None = None,
     dtype: str = "float32",
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+    chat_template: str | None = None,
+    stop_ids: tuple[int, ...] = (),
 ) -> list[Path]:
     """Write the model folder `out` from `weights` (a safetensors file of the project's
     parameter names, as a run writes them) of a model of `architecture`, with `tokenizer` (a
-    tokenizer.json; its end-of-text token `eot`) and, where given, the tokenizer_config.json it
-    came with. Tensors are cast to `dtype` (a torch dtype's name: `export_dtype`) and read one
-    at a time; a shard's tensors are in memory while it is written. Returns the files written.
+    tokenizer.json; its end-of-text token `eot`), where given the tokenizer_config.json it
+    came with, and its `chat_template` (`write_tokenizer`); generation_config.json ends a reply
+    at `stop_ids` (default: the architecture's `eos_token_id`). Tensors are cast to `dtype` (a
+    torch dtype's name: `export_dtype`) and read one at a time; a shard's tensors are in memory
+    while it is written. Returns the files written.
 
     Raises:
         ValueError: `out` exists and is not empty, `dtype` is unknown, or `weights` is missing
@@ -135,14 +143,41 @@ def export_folder(
             index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}
             write_json(scratch / INDEX_FILE, index)
         write_json(scratch / CONFIG_FILE, hub_config(architecture) | {"torch_dtype": dtype})
-        write_json(scratch / "generation_config.json", architecture.special_token_ids)
+        generation = architecture.special_token_ids
+        if len(stop_ids) > 1:
+            generation |= {"eos_token_id": list(stop_ids)}
+        write_json(scratch / "generation_config.json", generation)
         if tokenizer is not None:
-            shutil.copyfile(tokenizer, scratch / "tokenizer.json")
-            if original_tokenizer_config is not None and original_tokenizer_config.is_file():
-                shutil.copyfile(original_tokenizer_config, scratch / TOKENIZER_CONFIG)
-            else:
-                write_json(scratch / TOKENIZER_CONFIG, tokenizer_config(architecture, eot))
+            write_tokenizer(
+                scratch, architecture, tokenizer, eot, original_tokenizer_config, chat_template
+            )
     return sorted(out.iterdir())
+
+
+def write_tokenizer(
+    folder: Path,
+    architecture: Architecture,
+    tokenizer: Path,
+    eot: str | None = None,
+    original_tokenizer_config: Path | None = None,
+    chat_template: str | None = None,
+) -> list[Path]:
+    """Write the tokenizer files of a model folder into `folder`: `tokenizer` as tokenizer.json,
+    the `original_tokenizer_config` (else one naming the end-of-text token `eot`) and the
+    `chat_template` source as chat_template.jinja, where transformers >= 4.43 reads a
+    template (taken out of tokenizer_config.json, which would otherwise hold a second one).
+    Returns the files written."""
+    shutil.copyfile(tokenizer, folder / "tokenizer.json")
+    settings = tokenizer_config(architecture, eot)
+    if original_tokenizer_config is not None and original_tokenizer_config.is_file():
+        settings = json.loads(original_tokenizer_config.read_text(encoding="utf-8"))
+    written = [folder / "tokenizer.json", folder / TOKENIZER_CONFIG]
+    if chat_template is not None:
+        settings.pop("chat_template", None)
+        (folder / TEMPLATE_FILE).write_text(chat_template, encoding="utf-8")
+        written.append(folder / TEMPLATE_FILE)
+    write_json(folder / TOKENIZER_CONFIG, settings)
+    return written
 
 
 def refuse_used(out: Path) -> None:

@@ -10,13 +10,14 @@ from .run_folder import NotARunFolder, enter_run_folder, holds_a_run, mark_as_a_
 from .safeguards import Safeguards
 from .seeding import derived_seed, seed_all
 from .state import TrainState
-from .validation import evaluate
+from .validation import TaskEvaluation, evaluate, task_evaluation
 
 __all__ = [
     "NotARunFolder",
     "PREEMPTED_EXIT_CODE",
     "Preempted",
     "Safeguards",
+    "TaskEvaluation",
     "TrainState",
     "WarmupCosine",
     "build_optimizer",
@@ -28,4 +29,5 @@ __all__ = [
     "mark_as_a_run",
     "seed_all",
     "starting_state",
+    "task_evaluation",
 ]
