@@ -122,3 +122,16 @@ def test_images_prints_prepare_memory_and_headroom():
     out = smoke(BENCH / "images.py", vision)
     for start in ("prepare: ", "peak resident memory, ", "headroom: loader "):
         assert any(line.startswith(start) for line in out.splitlines()), (start, out)
+
+
+def test_generate_prints_both_families_at_both_contexts():
+    out = smoke(BENCH / "generate.py")
+    rows = table_rows(out, "llama") + table_rows(out, "gpt2")
+    assert [(row[0], row[1]) for row in rows] == [
+        ("llama", "64"),
+        ("llama", "512"),
+        ("gpt2", "64"),
+        ("gpt2", "512"),
+    ], out
+    assert all(float(row[2]) > 0 and float(row[3]) > 0 for row in rows), out
+    assert all(row[5] != "NO" for row in rows), "the project's greedy tokens are transformers'"

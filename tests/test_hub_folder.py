@@ -52,7 +52,7 @@ def test_the_parameter_count_is_the_rendered_models(config, tmp_path):
     model_py = rendered(LM_SAMPLE, "model")
     with torch.device("meta"):
         if architecture.family == "llama":
-            model = rendered(LM_SAMPLE, "llama").Llama(architecture.shape)
+            model = rendered(LM_SAMPLE, "models.llama").Llama(architecture.shape)
         else:
             width, depth, heads, positions = (64, 2, 4, 128)
             model = model_py.ByteGPT(width, depth, heads, positions, vocab_size=320)
@@ -174,9 +174,9 @@ def test_lora_is_planned_where_every_weight_does_not_fit_and_its_count_is_the_re
     shape = read_hub_folder(small, 64)
     (tmp_path / "small" / "tokenizer.json").unlink()
     architecture = rendered(LM_SAMPLE, "hub.architecture").read_architecture(tmp_path / "small")
-    lora = rendered(LM_SAMPLE, "lora")
+    lora = rendered(LM_SAMPLE, "models.lora")
     with torch.device("meta"):
-        model = rendered(LM_SAMPLE, "llama").Llama(architecture.shape)
+        model = rendered(LM_SAMPLE, "models.llama").Llama(architecture.shape)
     model.init_tensor = lambda *args: None
     targets = ",".join(lora.LLAMA_PROJECTIONS)
     settings = type("Settings", (), {"lora_targets": targets, "lora_rank": 16})

@@ -301,3 +301,12 @@ def test_every_rendered_file_has_exactly_one_source_in_the_template():
             if path.is_file() and not {"__pycache__", ".ruff_cache"} & set(path.parts):
                 relative = path.relative_to(sample).as_posix()
                 assert rendered[relative] == 1, (sample.name, relative, rendered[relative])
+
+
+def test_the_top_of_a_language_models_package_holds_at_most_16_modules():
+    """DESIGN 3e: the user's files, the commands and what they import at the top; machinery,
+    the model families and the evaluation in folders (lm-ddp-bf16 has every command)."""
+    (package,) = (SAMPLES / "lm-ddp-bf16" / "src").iterdir()
+    modules = sorted(path.name for path in package.glob("*.py"))
+    assert len(modules) <= 16, modules
+    assert {"chat.py", "generate.py", "export.py", "model.py"} <= set(modules)

@@ -35,6 +35,8 @@ TEST_SETTINGS: dict[str, object] = {"model_size": "25K", "micro_batch_size": 64,
 TEST_SETTINGS |= {"grad_accum_steps": 1, "warmup_steps": 40, "activation_checkpointing": False}
 # Ranks draw their own random shifts and dropout: off where runs of 1 and 2 processes compare.
 RANDOMNESS_OFF = ["augment=false", "dropout=0.0"]
+# The task's own evaluation between validations: the image task has none.
+TASK_EVALUATION: list[str] = []
 # Libraries a run imports besides the project's modules (tests/launcher.py preloads them).
 RUN_IMPORTS: list[str] = ["sklearn.datasets"]  # build_datasets imports it
 

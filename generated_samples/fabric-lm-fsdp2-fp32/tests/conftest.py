@@ -43,6 +43,8 @@ TEST_SETTINGS |= {"activation_checkpointing": False}
 TEST_SETTINGS |= {"max_tokens": 0, "val_every": 0, "val_batches": 0, "eval_every": 0}
 # Ranks draw their own dropout: off where runs of 1 and 2 processes compare.
 RANDOMNESS_OFF = ["dropout=0.0"]
+# The task's own evaluation between validations, compared across world sizes as the losses are.
+TASK_EVALUATION = ["eval_every=4", "eval_bytes=3000"]
 # Libraries a run imports besides the project's modules (tests/launcher.py preloads them).
 RUN_IMPORTS: list[str] = []
 

@@ -29,8 +29,8 @@ from fabric_lm_fsdp2_fp32.config import load_config
 from fabric_lm_fsdp2_fp32.data import NUM_CLASSES, build_datasets
 from fabric_lm_fsdp2_fp32.engine import COMPUTE_DTYPE
 from fabric_lm_fsdp2_fp32.hub import Architecture, hub_config
-from fabric_lm_fsdp2_fp32.models import Llama, LlamaShape
 from fabric_lm_fsdp2_fp32.model import build_model
+from fabric_lm_fsdp2_fp32.models import Llama, LlamaShape
 from fabric_lm_fsdp2_fp32.preflight import main as preflight_main
 from fabric_lm_fsdp2_fp32.preflight.checks import CHECK_FAILED, FAIL, PASS, RANKS_MISSING, SKIP
 from fabric_lm_fsdp2_fp32.preflight.facts import run_folder_conflict
@@ -42,6 +42,7 @@ import launcher
 import rank_probe
 from conftest import (
     RANDOMNESS_OFF,
+    TASK_EVALUATION,
     TEST_OVERRIDES,
     assert_loss_curve_png,
     config_for_tests,
@@ -53,7 +54,7 @@ from conftest import (
 )
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-COMPARABLE = [*RANDOMNESS_OFF, "log_every=1", "grad_accum_steps=2", "epochs=1"]
+COMPARABLE = [*RANDOMNESS_OFF, *TASK_EVALUATION, "log_every=1", "grad_accum_steps=2", "epochs=1"]
 # The runs compared with one another keep a mid-epoch checkpoint to resume on another world size.
 RESUMED_AT = 4
 COMPARABLE += [f"checkpoint_every={RESUMED_AT}", "keep_last=100"]
@@ -195,6 +196,11 @@ def test_two_processes_match_one_at_the_same_global_batch(two_process_run, one_p
         assert b["loss"] == pytest.approx(a["loss"], **tolerance()), a["step"]
     for a, b in zip(logged_records(one, "val"), logged_records(two, "val"), strict=True):
         assert b["val_loss"] == pytest.approx(a["val_loss"], **tolerance())
+    evaluations = logged_records(one, "eval"), logged_records(two, "eval")  # split over ranks
+    assert bool(evaluations[0]) == bool(TASK_EVALUATION), "the task's evaluation ran"
+    for a, b in zip(*evaluations, strict=True):
+        assert b["step"] == a["step"] and b["eval_tokens"] == a["eval_tokens"]
+        assert b["eval_bits_per_byte"] == pytest.approx(a["eval_bits_per_byte"], **tolerance())
     summary = json.loads((two / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["global_batch_size"] == 128
     weights = exported_weights(two)  # one full state dict, whatever the strategy sharded

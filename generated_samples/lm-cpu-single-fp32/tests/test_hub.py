@@ -311,6 +311,11 @@ def test_a_lora_run_trains_its_adapters_only_resumes_bitwise_and_exports_for_pef
         onto = AutoModelForCausalLM.from_pretrained(folder)
         peft_model = PeftModel.from_pretrained(onto, tmp_path / "adapter").eval()
         torch.testing.assert_close(peft_model(tokens).logits, expected, rtol=1e-5, atol=1e-5)
+        conversation = chat_records(3)[2]["messages"]  # the tokenizer beside the adapter
+        own = AutoTokenizer.from_pretrained(folder).apply_chat_template(conversation)
+        beside = AutoTokenizer.from_pretrained(tmp_path / "adapter")
+        assert beside.apply_chat_template(conversation) == own
+        assert (tmp_path / "adapter" / "chat_template.jinja").is_file()
         export_main([str(tmp_path / "merged"), *last, "--merge"])
         merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
         torch.testing.assert_close(merged(tokens).logits, expected, rtol=1e-5, atol=1e-5)

@@ -39,6 +39,7 @@ import launcher
 import rank_probe
 from conftest import (
     RANDOMNESS_OFF,
+    TASK_EVALUATION,
     TEST_OVERRIDES,
     assert_loss_curve_png,
     config_for_tests,
@@ -50,7 +51,7 @@ from conftest import (
 )
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-COMPARABLE = [*RANDOMNESS_OFF, "log_every=1", "grad_accum_steps=2", "epochs=1"]
+COMPARABLE = [*RANDOMNESS_OFF, *TASK_EVALUATION, "log_every=1", "grad_accum_steps=2", "epochs=1"]
 # The runs compared with one another keep a mid-epoch checkpoint to resume on another world size.
 RESUMED_AT = 4
 COMPARABLE += [f"checkpoint_every={RESUMED_AT}", "keep_last=100"]
@@ -192,6 +193,11 @@ def test_two_processes_match_one_at_the_same_global_batch(two_process_run, one_p
         assert b["loss"] == pytest.approx(a["loss"], **tolerance()), a["step"]
     for a, b in zip(logged_records(one, "val"), logged_records(two, "val"), strict=True):
         assert b["val_loss"] == pytest.approx(a["val_loss"], **tolerance())
+    evaluations = logged_records(one, "eval"), logged_records(two, "eval")  # split over ranks
+    assert bool(evaluations[0]) == bool(TASK_EVALUATION), "the task's evaluation ran"
+    for a, b in zip(*evaluations, strict=True):
+        assert b["step"] == a["step"] and b["eval_tokens"] == a["eval_tokens"]
+        assert b["eval_bits_per_byte"] == pytest.approx(a["eval_bits_per_byte"], **tolerance())
     summary = json.loads((two / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["global_batch_size"] == 128
     weights = exported_weights(two)  # one full state dict, whatever the strategy sharded

@@ -181,7 +181,9 @@ class ByteGPT(nn.Module):
         start = 0 if cache is None else cache.length
         end = start + tokens.shape[1]
         if end > self.position_embedding.num_embeddings:
-            raise ValueError(f"{end} tokens; the model reads {self.position_embedding.num_embeddings}")
+            raise ValueError(
+                f"{end} tokens; the model reads {self.position_embedding.num_embeddings}"
+            )
         positions = torch.arange(start, end, device=tokens.device)
         mask = None if cache is None else cache.attention_mask(tokens.shape[1], tokens.device)
         if documents is not None:

@@ -53,10 +53,10 @@ class RunLog:
         self.evaluation: TaskEvaluation | None = None
 
     def evaluate_with(self, engine: Any) -> None:
-        """Run the task's own evaluation (its config's `task_evaluation` hook: the language
-        model's bits per byte on held-out text) with `engine` after each optimizer step it is
-        due at and after the run's last, outside the training time; each is recorded as an
-        "eval" row and the last goes into the run summary (`stats["evaluation"]`)."""
+        """Run the task's own evaluation (its config's `task_evaluation` hook, where it has
+        one) with `engine` after each optimizer step it is due at and after the run's last,
+        outside the training time; each is recorded as an "eval" row and the last goes into
+        the run summary (`stats["evaluation"]`)."""
         self.engine = engine
 
     def also_log(self, values: Callable[[], dict[str, float]]) -> None:

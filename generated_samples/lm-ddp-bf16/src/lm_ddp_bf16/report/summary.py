@@ -249,8 +249,9 @@ def _early_stop(summary: dict[str, Any]) -> str:
 
 
 def _evaluation(summary: dict[str, Any]) -> list[str]:
-    """The task's last evaluation of this launch (`eval_every`), e.g. "**Held-out:**
-    bits_per_byte 1.2345 at step 40", in a list of one line; none where it made none."""
+    """The task's last evaluation of this launch (its `task_evaluation`), e.g.
+    "**Held-out:** eval_loss 1.2345 at step 40", in a list of one line; none where it made
+    none."""
     figures = dict(summary.get("evaluation") or {})
     if not figures:
         return []

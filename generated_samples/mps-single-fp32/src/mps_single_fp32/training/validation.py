@@ -41,9 +41,9 @@ def evaluate(
 
 
 class TaskEvaluation(Protocol):
-    """A task's own measurement between validations (the language model's bits per byte on
-    held-out text): due at some optimizer steps and at a run's last (`final`), it runs on the
-    engine in every process and returns its figures (the same in every process)."""
+    """A task's own measurement between validations (its config's `task_evaluation` hook):
+    due at some optimizer steps and at a run's last (`final`), it runs on the engine in every
+    process and returns its figures (the same in every process)."""
 
     def due(self, step: int, final: bool = False) -> bool: ...
 

@@ -52,7 +52,9 @@ def held_out_text(args: Any, used: LanguageModel, run_dir: Path | None) -> tuple
     return text, f"{data_dir / MANIFEST} validation split"
 
 
-def run_harness(args: Any, used: LanguageModel, run_dir: Path | None) -> dict[str, dict[str, float]]:
+def run_harness(
+    args: Any, used: LanguageModel, run_dir: Path | None
+) -> dict[str, dict[str, float]]:
     """lm-evaluation-harness's results on the model: its folder, or a run exported to a
     temporary one (merged, for LoRA adapters)."""
     from .harness import run_tasks

@@ -64,7 +64,9 @@ def load_language_model(args: argparse.Namespace, device: torch.device) -> Langu
             folder, weights that do not fit, or a chat template that does not load.
     """
     if args.model and (args.run_dir or args.checkpoint):
-        raise ValueError("name a run (--run-dir, --checkpoint) or a model folder (--model), not both")
+        raise ValueError(
+            "name a run (--run-dir, --checkpoint) or a model folder (--model), not both"
+        )
     if args.model:
         folder = Path(args.model)
         model, architecture = folder_model(folder, device)
