@@ -330,8 +330,8 @@ def record_format(fields: Iterable[str], text_key: str) -> str | None:
 
 
 def format_fix(fields: Iterable[str], text_key: str) -> str | None:
-    """"these are chat records: pass --format chat" (or completion) where `fields` are those
-    of another format's records (`record_format`), else None."""
+    """The fix where `fields` are those of another format's records (`record_format`): "these
+    are chat records: pass --format chat" (or completion); else None."""
     other = record_format(fields, text_key)
     return f"these are {other} records: pass --format {other}" if other else None
 
