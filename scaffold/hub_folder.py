@@ -20,6 +20,9 @@ LLAMA_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED = "llama, mistral and qwen2 (without sliding window or rope scaling), gpt2"
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+HEADER_LIMIT = 100_000_000  # bytes; safetensors refuses a longer header too
 
 
 @dataclass(frozen=True)
@@ -98,8 +101,8 @@ def read_hub_folder(folder: str, block_size: int) -> HubDecoderShape:
 
     Raises:
         AnswerError: no config.json or tokenizer.json there, JSON that does not parse, an
-            architecture the project cannot hold (the message lists those it can), or no
-            safetensors weights.
+            architecture the project cannot hold (the message lists those it can), no
+            safetensors weights, or a weights file cut short or corrupt (`check_safetensors`).
     """
     path = Path(folder).expanduser() / CONFIG_FILE
     if not path.parent.is_dir():
@@ -113,14 +116,8 @@ def read_hub_folder(folder: str, block_size: int) -> HubDecoderShape:
         hub = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
         raise AnswerError(f"{path} is not JSON ({error})") from None
-    weights = [
-        Path(folder) / name for name in ("model.safetensors", "model.safetensors.index.json")
-    ]
-    if not any(file.is_file() for file in weights):
-        raise AnswerError(
-            f"init_from {folder} holds no model.safetensors or its index; save the weights "
-            "as safetensors"
-        )
+    for weights in weight_files(Path(folder)):
+        check_safetensors(weights)
     if not (Path(folder) / TOKENIZER_FILE).is_file():
         raise AnswerError(
             f"init_from {folder} holds no {TOKENIZER_FILE}, the tokenizer prepare encodes with"
@@ -148,6 +145,68 @@ def read_hub_folder(folder: str, block_size: int) -> HubDecoderShape:
             f"embedding {shape.vocab:,} rows; name the tokenizer the model was trained with"
         )
     return shape
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The safetensors files of `folder`'s weights: model.safetensors, or each shard that
+    model.safetensors.index.json maps a tensor to (transformers' layout), in name order.
+
+    Raises:
+        AnswerError: neither file is there, the index is not JSON or has no weight_map, or it
+            names a shard that is not there.
+    """
+    index = folder / INDEX_FILE
+    if not index.is_file():
+        if not (folder / WEIGHTS_FILE).is_file():
+            raise AnswerError(
+                f"init_from {folder} holds no {WEIGHTS_FILE} or its index; save the weights "
+                "as safetensors"
+            )
+        return [folder / WEIGHTS_FILE]
+    try:
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as error:
+        raise AnswerError(f"{index} is not a weight index ({error!r}); download it again") from None
+    missing = [shard for shard in shards if not (folder / shard).is_file()]
+    if missing:
+        raise AnswerError(f"{index} names shards that are not there: {', '.join(missing)}")
+    return [folder / shard for shard in shards]
+
+
+def check_safetensors(path: Path) -> None:
+    """Refuse `path` unless it is a complete safetensors file (`safetensors_problem`).
+
+    Raises:
+        AnswerError: naming `path` and what is wrong with it, in one line.
+    """
+    problem = safetensors_problem(path)
+    if problem:
+        raise AnswerError(
+            f"init_from {path} is not a complete safetensors file ({problem}); download it again"
+        )
+
+
+def safetensors_problem(path: Path) -> str:
+    """What keeps `path` from being a safetensors file, as safetensors checks it before it
+    reads a tensor, or "" when nothing does. The format: an 8-byte little-endian header
+    length N, N bytes of JSON mapping each tensor name to its `data_offsets` [begin, end)
+    (bytes after the header), then the data, which must end where the file does. Reads the
+    header only (at most HEADER_LIMIT bytes), never the tensors."""
+    size = path.stat().st_size
+    with path.open("rb") as file:
+        if size < 8:
+            return f"{size} bytes, fewer than the header's 8-byte length"
+        length = int.from_bytes(file.read(8), "little")
+        if length > min(size - 8, HEADER_LIMIT):
+            return f"a header of {length:,} bytes in a file of {size:,}"
+        raw = file.read(length)
+    try:
+        header = json.loads(raw)
+        header.pop("__metadata__", None)
+        end = 8 + length + max((entry["data_offsets"][1] for entry in header.values()), default=0)
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as error:
+        return f"its header does not parse: {error!r}"
+    return "" if end == size else f"its tensors end at byte {end:,} of a {size:,}-byte file"
 
 
 def tokenizer_size(path: Path) -> int:

@@ -8,6 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from test_shapes import LM_SAMPLE, parameter_count, rendered
 
 from scaffold.answers import QUESTION_BY_KEY, build_answers, merge_sources
@@ -33,11 +36,11 @@ GPT2 |= {"n_positions": 128}
 
 
 def model_folder(path: Path, config: dict) -> Path:
-    """A folder with config.json, a weights file and tokenizer.json (their contents are the
-    project's to read: scaffold reads config.json only)."""
+    """A folder with config.json, a weights file and tokenizer.json (the weights' tensors are
+    the project's to read: scaffold reads config.json and the weights' headers only)."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(config))
-    (path / "model.safetensors").write_bytes(b"")
+    save_file({"w": torch.zeros(4)}, path / "model.safetensors")
     (path / "tokenizer.json").write_text("{}")
     return path
 
@@ -91,6 +94,43 @@ def test_a_folder_without_its_files_is_refused_naming_the_missing_one(tmp_path):
     (folder / "model.safetensors").unlink()
     with pytest.raises(AnswerError, match="no model.safetensors or its index"):
         read_hub_folder(str(folder), 64)
+
+
+def test_a_weights_file_cut_short_or_corrupt_is_refused_in_one_line_naming_it(tmp_path):
+    folder = model_folder(tmp_path / "whole", LLAMA)
+    weights = folder / "model.safetensors"
+    whole = weights.read_bytes()
+    read_hub_folder(str(folder), 64)
+    broken = {
+        "cut short": whole[:-3],
+        "longer": whole + b"0",
+        "header only": whole[: 8 + int.from_bytes(whole[:8], "little") - 1],
+        "a few bytes": whole[:5],
+        "not JSON": whole[:8] + b"[" + whole[9:],
+        "not safetensors": b"<html>not found</html>",
+    }
+    for why, data in broken.items():
+        weights.write_bytes(data)
+        with pytest.raises(SafetensorError):  # safetensors refuses it too
+            safe_open(weights, framework="pt")
+        with pytest.raises(AnswerError, match="download it again") as error:
+            read_hub_folder(str(folder), 64)
+        message = str(error.value)
+        assert message.startswith(f"init_from {weights} is not a complete safetensors file ("), why
+        assert "\n" not in message, why
+    sharded = model_folder(tmp_path / "sharded", LLAMA)
+    (sharded / "model.safetensors").rename(sharded / "model-00001-of-00002.safetensors")
+    save_file({"v": torch.zeros(2)}, sharded / "model-00002-of-00002.safetensors")
+    weight_map = {"w": "model-00001-of-00002.safetensors", "v": "model-00002-of-00002.safetensors"}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    read_hub_folder(str(sharded), 64)
+    second = sharded / "model-00002-of-00002.safetensors"
+    second.write_bytes(second.read_bytes()[:-1])
+    with pytest.raises(AnswerError, match=f"init_from {second} is not a complete safetensors"):
+        read_hub_folder(str(sharded), 64)
+    second.unlink()
+    with pytest.raises(AnswerError, match="names shards that are not there: model-00002-of"):
+        read_hub_folder(str(sharded), 64)
 
 
 def test_a_tokenizer_larger_than_the_embedding_is_refused(tmp_path):
