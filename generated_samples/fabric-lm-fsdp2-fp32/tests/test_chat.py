@@ -19,9 +19,11 @@ from transformers import PreTrainedTokenizerFast
 from fabric_lm_fsdp2_fp32.corpus import IGNORE_INDEX, Codec, ExampleRows, prepare, read_manifest
 from fabric_lm_fsdp2_fp32.corpus.chat import ChatTemplate, encode_example
 from fabric_lm_fsdp2_fp32.corpus.examples import packed_rows
-from fabric_lm_fsdp2_fp32.data import NUM_CLASSES
+from fabric_lm_fsdp2_fp32.data import NUM_CLASSES, build_datasets
 from fabric_lm_fsdp2_fp32.engine import build_on_meta, materialize
-from fabric_lm_fsdp2_fp32.task import loss_fn
+from fabric_lm_fsdp2_fp32.loader import make_train_loader
+from fabric_lm_fsdp2_fp32.runtime import init_runtime
+from fabric_lm_fsdp2_fp32.task import describe_throughput, loss_fn, throughput
 
 from conftest import jinja
 
@@ -225,6 +227,40 @@ def test_the_loss_is_the_replies_alone_and_user_turns_give_no_gradient(config, p
     assert any(not torch.equal(a, b) for a, b in zip(ours, moved, strict=True))
 
 
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "one-a-row"])
+def test_the_summarys_passes_over_the_corpus_are_its_epochs_of_example_tokens(
+    config, prepared_chat, pack
+):
+    """Two whole epochs of the loader, some of whose rows are padding and whose last step of
+    each epoch is short: the corpus tokens trained are those of the rows read (no padding),
+    and the passes over the corpus are the Steps line's 2 epochs times the share one reads."""
+    data_dir, _ = prepared_chat
+    config = dataclasses.replace(
+        config, data_dir=str(data_dir), prepare_example=False, block_size=64, pack=pack
+    )
+    config = dataclasses.replace(config, micro_batch_size=2, grad_accum_steps=3)
+    train, _ = build_datasets(config)
+    loader = make_train_loader(train, config, init_runtime("cpu"))
+    read = sum(int(train.length[train.row(row)].sum()) for batch in loader.sampler for row in batch)
+    steps = 2 * -(-len(loader) // config.grad_accum_steps)  # each epoch's last step is short
+    summary = {"samples": 1, "train_seconds": 1.0, "config": config.to_dict(), "device": "cpu"}
+    summary |= {"parameters": 50_000, "trained_parameters": 1_000, "steps": steps, "epochs": 2.0}
+    summary |= {"samples_per_epoch": len(loader) * 2, "global_batch_size": 6}
+    summary |= throughput(summary)
+    corpus = read_manifest(data_dir, "prepare it").tokens("train")
+    assert summary["padding_unpacked"] > 0.2, "padding the old count took for corpus tokens"
+    assert summary["tokens_trained"] == pytest.approx(2 * read, rel=0.05)
+    assert summary["epoch_share_of_corpus"] == pytest.approx(read / corpus, rel=0.05)
+    assert 1.8 < summary["epochs_over_corpus"] <= 2.0
+    assert summary["tokens_per_parameter"] == summary["tokens_trained"] / 1_000  # the trained
+    share = summary["epoch_share_of_corpus"]
+    line = describe_throughput(summary)
+    assert f"(... per trained parameter; 2 epochs x {share:.1%} of the corpus's {corpus:,} " in (
+        line.replace(f"{summary['tokens_per_parameter']:.3g}", "...")
+    )
+    assert f"= {summary['epochs_over_corpus']:.3g} passes over it)" in line
+
+
 def test_completion_records_from_parquet_train_the_completion_and_end_of_text(tmp_path):
     table = pa.table({"prompt": ["2+2=", "capital of France: "], "completion": ["4", "Paris"]})
     pq.write_table(table, tmp_path / "pairs.parquet")
@@ -244,6 +280,78 @@ def test_completion_records_from_parquet_train_the_completion_and_end_of_text(tm
     assert sorted(trained) == ["4\n\n", "Paris\n\n"]  # the end-of-text token decodes as "\n\n"
 
 
+def test_prepare_reports_the_example_lengths_and_the_block_size_that_keeps_95_percent(tmp_path):
+    # byte tokens: a prompt of k bytes and a one-byte completion are k + 2 tokens with the
+    # end-of-text; lengths 10..29 in a shuffled order
+    records = [{"prompt": "p" * k, "completion": "c"} for k in range(8, 28)]
+    records = records[::3] + records[1::3] + records[2::3]
+    source = write_records(tmp_path / "pairs.jsonl", records)
+    settings = {"format": "completion", "val_fraction": 0.5}
+    said: list[str] = []
+    manifest = prepare(
+        [str(source)], tmp_path / "a", max_example_tokens=25, log=said.append, **settings
+    )
+    # 20 lengths: the 10th, 19th and 20th shortest (nearest rank)
+    assert manifest.skipped["example_tokens"] == {"p50": 19, "p95": 28, "p100": 29}
+    assert manifest.skipped["dropped_too_long"] == 4  # 26..29 tokens: 20% of them
+    (line,) = [line for line in said if line.startswith("encoded 16 examples")]
+    assert "; examples of 19/28/29 tokens at the 50th/95th/100th percentile; " in line
+    keep = "; to keep 95% of the examples whole (20% are longer than 25), set block_size >= 28 "
+    assert keep in line
+    said.clear()
+    manifest = prepare(
+        [str(source)], tmp_path / "b", max_example_tokens=28, log=said.append, **settings
+    )
+    assert manifest.skipped["dropped_too_long"] == 1  # 5%: no more than the 95% kept
+    (line,) = [line for line in said if line.startswith("encoded 19 examples")]
+    assert "examples of 19/28/29 tokens" in line and "block_size >=" not in line
+
+
+def test_chat_or_completion_records_prepared_as_text_are_refused_naming_their_format(tmp_path):
+    pq.write_table(pa.table({"messages": [CONVERSATIONS[0]]}), tmp_path / "chat.parquet")
+    sources = {
+        write_records(tmp_path / "chat.jsonl", chat_records(3)): "chat",
+        write_records(tmp_path / "pairs.jsonl", [{"prompt": "2+2=", "completion": "4"}]): (
+            "completion"
+        ),
+        tmp_path / "chat.parquet": "chat",
+    }
+    for source, format in sources.items():
+        with pytest.raises(ValueError) as refused:
+            prepare([str(source)], tmp_path / "data", val_fraction=0.5)  # --format text
+        message = str(refused.value)
+        assert message.startswith(f"{source}") and "\n" not in message
+        assert f"these are {format} records" in message, message
+        assert message.endswith(f"pass --format {format}"), message
+        assert not (tmp_path / "data").exists()
+    mixed = write_records(tmp_path / "mixed.jsonl", [{"text": "fine"}, *chat_records(1)])
+    with pytest.raises(ValueError) as refused:  # a chat record among text ones: a bad record
+        prepare([str(mixed)], tmp_path / "data", val_fraction=0.5)
+    assert str(refused.value).startswith(
+        f"{mixed}:2: no 'text' field (it has: messages); these are chat records: pass --format chat"
+    )
+
+
+def test_a_conversation_ending_in_a_user_turn_is_left_out_and_named_when_skipping(tmp_path):
+    tokenizer_file = chat_tokenizer(tmp_path / "model", CHATML)
+    unanswered = {"messages": [*CONVERSATIONS[1], {"role": "user", "content": "and?"}]}
+    source = write_records(tmp_path / "chat.jsonl", [*chat_records(10), unanswered])
+    manifest = prepare(
+        [str(source)],
+        tmp_path / "data",
+        format="chat",
+        tokenizer=str(tokenizer_file),
+        eot="<|endoftext|>",
+        val_fraction=0.2,
+        skip_bad_records=True,
+    )
+    assert manifest.skipped["records"] == 1 and sum(manifest.documents.values()) == 10
+    assert manifest.skipped["first_records"] == [
+        f"{source}:11: its last message is a user turn with no reply after it to train; end the "
+        "conversation with the assistant's reply, or drop that turn"
+    ]
+
+
 @pytest.mark.parametrize(
     ("record", "options", "message"),
     [
@@ -254,10 +362,15 @@ def test_completion_records_from_parquet_train_the_completion_and_end_of_text(tm
             "message 0 has role 'wizard', not one of system, user, assistant, tool",
         ),
         ({"messages": [{"role": "user", "content": "x"}]}, {}, "no assistant message"),
+        (
+            {"messages": [*CONVERSATIONS[0], {"role": "user", "content": "and?"}]},
+            {},
+            "chat.jsonl:1: its last message is a user turn with no reply after it to train; ",
+        ),
         (CONVERSATIONS[0], {"chat_template": None, "bare": True}, "give one with --chat-template"),
         (CONVERSATIONS[0], {"tokenizer": "bpe"}, "encodes with the model's own tokenizer"),
     ],
-    ids=["no-messages", "unknown-role", "no-reply", "no-template", "bpe"],
+    ids=["no-messages", "unknown-role", "no-reply", "ends-with-user", "no-template", "bpe"],
 )
 def test_bad_chat_input_is_refused_in_one_line_and_writes_nothing(
     tmp_path, record, options, message

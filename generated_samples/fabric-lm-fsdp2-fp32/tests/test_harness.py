@@ -13,7 +13,13 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from fabric_lm_fsdp2_fp32.corpus import prepare
+from fabric_lm_fsdp2_fp32.corpus.shards import END_OF_TEXT
+from fabric_lm_fsdp2_fp32.data import NUM_CLASSES
+from fabric_lm_fsdp2_fp32.evaluate.__main__ import main as evaluate_main
 from fabric_lm_fsdp2_fp32.evaluate.harness import OFFLINE_ENV, _absolute_data_files, run_tasks
+
+from conftest import run_training
 
 TASK_DIR = Path(__file__).resolve().parent / "eval_tasks"
 TASKS = ["tiny_choice", "tiny_answer"]
@@ -116,3 +122,50 @@ def test_relative_data_files_are_anchored_at_the_yaml(data_files, expected) -> N
     anchored = _absolute_data_files(config, Path("/tasks/t.yaml"))
     assert anchored["dataset_kwargs"]["data_files"] == expected
     assert config["dataset_kwargs"]["data_files"] == data_files
+
+
+def test_a_run_trained_on_a_task_answers_it_where_its_base_model_guesses(tmp_path: Path) -> None:
+    """`evaluate --tasks` on a run: a tiny Llama trained on tiny_choice's answers (its jsonl's
+    text lines, in shuffled documents) scores acc 1.0 through the run's export; the folder it
+    started from, about chance (0.25 for four choices)."""
+    lines = [json.loads(line)["text"] for line in (TASK_DIR / "tiny_choice.jsonl").open()]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=NUM_CLASSES,
+        special_tokens=[END_OF_TEXT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(lines, trainer)
+    base = tmp_path / "base"
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=END_OF_TEXT)
+    fast.save_pretrained(base)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=NUM_CLASSES,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=128,
+        eos_token_id=tokenizer.token_to_id(END_OF_TEXT),
+    )
+    LlamaForCausalLM(config).save_pretrained(base)
+    order = torch.Generator().manual_seed(0)
+    shuffled = (torch.randperm(len(lines), generator=order).tolist() for _ in range(40))
+    documents = ["".join(lines[i] for i in indices) for indices in shuffled]
+    corpus = tmp_path / "answers.jsonl"
+    corpus.write_text("".join(json.dumps({"text": text}) + "\n" for text in documents))
+    data_dir, run_dir = tmp_path / "data", tmp_path / "run"
+    prepare([str(corpus)], data_dir, tokenizer=str(base / "tokenizer.json"), val_fraction=0.1)
+    settings = [f"init_from={base}", "model_family=llama", f"tokenizer={base / 'tokenizer.json'}"]
+    settings += [f"data_dir={data_dir}", "prepare_example=false", f"run_dir={run_dir}"]
+    settings += ["block_size=64", "micro_batch_size=16", "epochs=100", "max_steps=300", "lr=3e-3"]
+    run_training(*settings, "warmup_steps=10", "checkpoint_every=0")
+    argv = ["--run-dir", str(run_dir), "--weights", "model-last.safetensors", "--max-bytes", "500"]
+    results = evaluate_main([*argv, "--tasks", "tiny_choice", "--task-dir", str(TASK_DIR)])
+    assert results["tasks"]["tiny_choice"]["acc"] == 1.0
+    guessed = run_tasks(base, ["tiny_choice"], task_dir=TASK_DIR)["tiny_choice"]["acc"]
+    assert guessed <= 0.5

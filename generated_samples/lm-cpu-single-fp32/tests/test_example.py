@@ -43,14 +43,20 @@ def test_the_example_corpus_is_the_stdlib_in_a_fixed_order(config):
 
 
 def test_the_summary_knows_the_data_and_many_passes_over_a_small_corpus_are_warned_of(config):
-    build_datasets(config)
+    train, _ = build_datasets(config)
     manifest = json.loads((Path(config.data_dir) / "manifest.json").read_text())
     corpus = sum(shard["tokens"] for shard in manifest["shards"]["train"])
+    loader = make_train_loader(train, config, init_runtime("cpu"))
+    windows = len(loader) * config.micro_batch_size  # the windows an epoch of it reads
     summary = {"samples": 64, "train_seconds": 1.0, "config": config.to_dict(), "device": "cpu"}
-    facts = throughput(summary | {"parameters": 1000, "steps": 10, "global_batch_size": 32})
+    summary |= {"epochs": 2.5, "samples_per_epoch": windows, "trained_parameters": 1000}
+    facts = throughput(summary | {"parameters": 5000, "steps": 10, "global_batch_size": 32})
     assert facts["tokens_per_step"] == 32 * config.block_size
-    assert facts["tokens_trained"] == 10 * 32 * config.block_size
+    assert facts["tokens_trained"] == round(2.5 * windows * config.block_size)
     assert facts["epochs_over_corpus"] == pytest.approx(facts["tokens_trained"] / corpus)
+    # an epoch reads every token but the shards' tails and a last partial micro-batch
+    assert 0.9 < facts["epoch_share_of_corpus"] <= 1
+    assert facts["epochs_over_corpus"] == pytest.approx(2.5 * facts["epoch_share_of_corpus"])
     assert facts["tokens_per_parameter"] == pytest.approx(facts["tokens_trained"] / 1000)
     with pytest.warns(UserWarning, match="beyond ~4 epochs"):
         build_datasets(dataclasses.replace(config, epochs=50))

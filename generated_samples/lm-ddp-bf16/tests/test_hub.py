@@ -299,6 +299,14 @@ def test_a_lora_run_trains_its_adapters_only_resumes_bitwise_and_exports_for_pef
     assert base.keys() == started.keys()
     assert all(torch.equal(base[key], started[key]) for key in base), "frozen weights"
     assert all(t.abs().sum() > 0 for key, t in adapters.items() if "lora_B" in key), "trained"
+    summary = json.loads((straight / "summary.json").read_text())
+    assert summary["trained_parameters"] == sum(t.numel() for t in adapters.values())
+    assert summary["trained_parameters"] < summary["parameters"] / 10
+    per_trained = summary["tokens_trained"] / summary["trained_parameters"]
+    assert summary["tokens_per_parameter"] == pytest.approx(per_trained)
+    assert summary["epochs_over_corpus"] == pytest.approx(
+        summary["epochs"] * summary["epoch_share_of_corpus"]
+    )
     step = sorted((straight / "checkpoints").glob("step-*"))[-1]  # adapters and their moments
     assert folder_bytes(step) < (folder / "model.safetensors").stat().st_size
 
@@ -365,6 +373,11 @@ def test_bad_model_folders_are_refused_in_one_line(config, hub_folders, tmp_path
     shape = copy_folder(folder, tmp_path / "shape")
     write_config(shape, intermediate_size=128)
     assert "disagree with its config.json: model.layers.0.mlp.gate_proj.weight" in refusal(shape)
+    cut = copy_folder(folder, tmp_path / "cut")
+    weights = cut / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])  # a download cut short
+    assert f"{weights} is not a complete safetensors file (" in refusal(cut)
+    assert refusal(cut).endswith("; download it again")
     keys = copy_folder(folder, tmp_path / "keys")
     tensors = load_file(keys / "model.safetensors")
     tensors["model.extra.weight"] = tensors.pop("model.norm.weight")

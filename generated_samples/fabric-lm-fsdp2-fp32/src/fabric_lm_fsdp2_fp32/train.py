@@ -22,7 +22,7 @@ from .config import Config, parse_command_line, user_errors
 from .data import build_datasets
 from .engine import Engine, build_on_meta, keep_freed_memory
 from .loader import make_eval_loader, make_train_loader, model_inputs
-from .report import ProfileWindow, RunLog, finish_run
+from .report import ProfileWindow, RunLog, finish_run, parameter_counts
 from .runtime import Runtime, init_runtime, shutdown_runtime
 from .state_io import full_disk_exits
 from .task import loss_fn, micro_batch_weights
@@ -76,7 +76,7 @@ class Trainer:
         self.train_loader = make_train_loader(train_set, config, runtime)
         self.val_loader = make_eval_loader(val_set, config, runtime)
         model = build_on_meta(config)  # shapes only: the engine materialises the weights
-        self.log = RunLog(config, runtime, sum(p.numel() for p in model.parameters()))
+        self.log = RunLog(config, runtime, parameter_counts(model))
         enter_run_folder(config, runtime, resume)  # after the refusals, before the engine
         seed_all(config.seed + runtime.rank)  # from here on, per-rank dropout streams
         self.engine = Engine(model, lambda module: build_optimizer(module, config), runtime, config)

@@ -84,9 +84,8 @@ def throughput(summary: dict[str, Any]) -> dict[str, float | None]:
     tokens, model FLOPs (6 N per token for forward + backward, N parameters; Kaplan et al.
     2020, "Scaling Laws for Neural Language Models", §2.1) and their share of the GPU's peak
     (engine/mfu.py, where scaffold keeps the GPUs' peaks).
-    At the run's end (`summary` has its `steps`), also the data it trained on: tokens per
-    optimizer step, tokens trained, their ratio to the parameters (Hoffmann et al. 2022 find
-    ~20 compute-optimal) and the epochs over the prepared corpus's training tokens."""
+    At the run's end (`summary` has its `steps`), also the data it trained on (`data_trained`)
+    and, for chat and instruction examples, their padding (`example_padding`)."""
     block_size = summary["config"]["block_size"]
     samples_per_second = summary["samples"] / max(summary["train_seconds"], 1e-9)
     tokens_per_second = samples_per_second * block_size
@@ -99,20 +98,50 @@ def throughput(summary: dict[str, Any]) -> dict[str, float | None]:
     }
     if "steps" not in summary:
         return rates
-    tokens_per_step = summary["global_batch_size"] * block_size
-    trained = summary["steps"] * tokens_per_step
-    corpus = corpus_train_tokens(summary["config"]["data_dir"])
-    return (
-        rates
-        | example_padding(summary["config"])
-        | {
-            "tokens_per_step": tokens_per_step,
-            "tokens_trained": trained,
-            "tokens_per_parameter": trained / summary["parameters"],
-            "corpus_train_tokens": corpus,
-            "epochs_over_corpus": trained / corpus if corpus else None,
-        }
-    )
+    return rates | example_padding(summary["config"]) | data_trained(summary)
+
+
+def data_trained(summary: dict[str, Any]) -> dict[str, float | None]:
+    """What the run trained on, counted from the summary's `epochs` (passes of the training
+    loader over its `samples_per_epoch` windows or rows), so that no figure contradicts the
+    Steps line's epochs:
+    `tokens_per_step`, the positions of one full optimizer step (global batch x block_size;
+    an epoch's last step may hold fewer micro-batches); `tokens_per_epoch`, the corpus tokens
+    one loader epoch reads (`loader_epoch_tokens`: padding excluded); `tokens_trained`,
+    epochs x that; `tokens_per_parameter`, per TRAINED parameter (a LoRA run's adapters;
+    Hoffmann et al. 2022 find ~20 compute-optimal for training all of them);
+    `corpus_train_tokens`, the prepared corpus's training tokens; `epoch_share_of_corpus`,
+    the share of them one loader epoch reads (under 1: each shard's tail shorter than a
+    window, and the samples of a last partial batch, are left out); `epochs_over_corpus`,
+    epochs x that share (None without a manifest)."""
+    config = summary["config"]
+    corpus = corpus_train_tokens(config["data_dir"])
+    per_epoch = loader_epoch_tokens(config, summary["samples_per_epoch"])
+    trained = round(summary["epochs"] * per_epoch)
+    trained_parameters = summary.get("trained_parameters") or summary["parameters"]
+    return {
+        "tokens_per_step": summary["global_batch_size"] * config["block_size"],
+        "tokens_per_epoch": per_epoch,
+        "tokens_trained": trained,
+        "tokens_per_parameter": trained / trained_parameters,
+        "corpus_train_tokens": corpus,
+        "epoch_share_of_corpus": per_epoch / corpus if corpus else None,
+        "epochs_over_corpus": summary["epochs"] * per_epoch / corpus if corpus else None,
+    }
+
+
+def loader_epoch_tokens(config: dict[str, Any], samples_per_epoch: int) -> float:
+    """The corpus tokens one epoch of the training loader reads from its `samples_per_epoch`
+    samples: windows of `block_size` tokens for text (a window's inputs; its last target is
+    the next window's first token), or for chat and instruction examples, rows at the train
+    split's mean example tokens per row (padding excluded; `pack` puts several in a row)."""
+    data_dir = Path(config["data_dir"])
+    manifest = manifest_at(data_dir / MANIFEST)
+    if manifest is None or manifest.kind == "text":
+        return float(samples_per_epoch * config["block_size"])
+    train = manifest.shards["train"]
+    rows = ExampleRows(data_dir, train, manifest.dtype, config["block_size"], config["pack"], 0)
+    return samples_per_epoch * manifest.tokens("train") / max(len(rows), 1)
 
 
 def example_padding(config: dict[str, Any]) -> dict[str, float]:
@@ -139,7 +168,8 @@ def corpus_train_tokens(data_dir: str) -> int | None:
 
 
 def describe_throughput(summary: dict[str, Any]) -> str:
-    """The rates of `throughput` as the summary's Throughput line shows them."""
+    """The rates of `throughput` as the summary's Throughput line shows them; the epochs over
+    the corpus as the Steps line's epochs times the share of the corpus an epoch reads."""
     mfu = summary["mfu"]
     mfu_text = "n/a (no GPU peak known)" if mfu is None else f"{mfu:.1%}"
     line = (
@@ -148,8 +178,14 @@ def describe_throughput(summary: dict[str, Any]) -> str:
     )
     if "tokens_trained" not in summary:
         return line
-    epochs = summary["epochs_over_corpus"]
-    corpus = "" if epochs is None else f", {epochs:.3g} epochs over the corpus"
+    over = summary["epochs_over_corpus"]
+    corpus = ""
+    if over is not None:
+        corpus = (
+            f"; {summary['epochs']:.3g} epochs x {summary['epoch_share_of_corpus']:.1%} of the "
+            f"corpus's {summary['corpus_train_tokens']:,} training tokens = {over:.3g} passes "
+            "over it"
+        )
     padding = ""
     if "padding_packed" in summary:
         packed = "packed" if summary["config"]["pack"] else "packing would leave"
@@ -159,6 +195,6 @@ def describe_throughput(summary: dict[str, Any]) -> str:
         )
     return (
         f"{line}; data: {summary['tokens_per_step']:,} tokens per step, "
-        f"{summary['tokens_trained']:,} trained ({summary['tokens_per_parameter']:.3g} per "
-        f"parameter{corpus}){padding}"
+        f"{summary['tokens_trained']:,} corpus tokens trained "
+        f"({summary['tokens_per_parameter']:.3g} per trained parameter{corpus}){padding}"
     )

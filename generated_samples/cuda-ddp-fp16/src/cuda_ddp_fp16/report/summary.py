@@ -54,6 +54,7 @@ def finish_run(
         stats=log.stats,
         runtime=runtime,
         parameters=log.parameters,
+        trained_parameters=log.trained_parameters,
         checkpoint_dir=checkpoints.directory,
         early_stopped=state.early_stopped(config.early_stop_patience),
         resumed_from=resumed_from,
@@ -123,6 +124,7 @@ def build_summary(
     stats: dict[str, float],
     runtime: Runtime,
     parameters: int,
+    trained_parameters: int,
     checkpoint_dir: Path,
     early_stopped: bool,
     resumed_from: str | None,
@@ -136,7 +138,11 @@ def build_summary(
 
     `stats` holds `samples` (all processes), `train_seconds` (training only, no validation) and
     `data_seconds` (waiting on the loader); rates are per second of training time.
-    `parameters` is the model's parameter count, taken before any wrapper partitioned it.
+    `parameters` is the model's parameter count, taken before any wrapper partitioned it;
+    `trained_parameters` those that train (a LoRA run's adapters; else all of them).
+    `epochs` counts passes of the training loader over its `samples_per_epoch` samples
+    (micro-batches of every process: its last partial micro-batch, and the tail that does not
+    divide by the world size, are dropped), the current epoch's share included.
     `checkpoint_stalls` holds the seconds training waited in each of this launch's saves
     (`CheckpointManager.stall_seconds`: the whole save, or with `async_checkpoint` the copy to
     host memory and any wait for the save before it).
@@ -155,9 +161,11 @@ def build_summary(
         "world_size": runtime.world_size,
         "global_batch_size": config.global_batch_size(runtime.world_size),
         "parameters": parameters,
+        "trained_parameters": trained_parameters,
         "seed": config.seed,
         "steps": state.step,
         "epochs": state.epochs_done(),
+        "samples_per_epoch": state.data.batches * config.micro_batch_size * runtime.world_size,
         "early_stopped": early_stopped,
         "initial_loss": state.initial_loss,
         "expected_initial_loss": expected_initial_loss(config),

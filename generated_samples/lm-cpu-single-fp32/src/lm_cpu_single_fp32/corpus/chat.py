@@ -204,7 +204,8 @@ def token_mask(ends: list[int], spans: list[tuple[int, int]]) -> np.ndarray:
 
 def record_problem(value: object, format: str) -> str | None:
     """Why a parsed record is not one of `format` ("chat" or "completion"), in words; None when
-    it is one."""
+    it is one. A chat record's `messages` must hold an assistant reply and end with one: a
+    trailing user (or system, or tool) turn would be encoded with nothing after it trained."""
     if not isinstance(value, dict):
         return f"a JSON {JSON_TYPES.get(type(value), 'value')}, not an object"
     if format == "completion":
@@ -226,6 +227,11 @@ def record_problem(value: object, format: str) -> str | None:
             )
     if not any(message["role"] == "assistant" for message in messages):
         return "no assistant message: nothing in it would be trained"
+    if messages[-1]["role"] != "assistant":
+        return (
+            f"its last message is a {messages[-1]['role']} turn with no reply after it to "
+            "train; end the conversation with the assistant's reply, or drop that turn"
+        )
     return None
 
 

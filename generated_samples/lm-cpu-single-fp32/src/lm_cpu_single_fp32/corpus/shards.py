@@ -83,7 +83,9 @@ class Manifest:
     re-run compares to do nothing; `sources` each source read, with its bytes, their SHA-256
     and its documents; `skipped` what was left out (`files`: path -> why it cannot be read;
     `records`: lines or rows with no text, the first named in `first_records`; `other_kinds`:
-    files of other kinds in the folders named, by suffix); `tokenizer_sha256` the
+    files of other kinds in the folders named, by suffix; of examples, those dropped or
+    truncated for `--max-example-tokens` and `example_tokens`, their lengths in tokens before
+    it at the 50th, 95th and 100th percentile: "p50", "p95", "p100"); `tokenizer_sha256` the
     tokenizer.json's ("" for bytes)."""
 
     tokenizer: str  # "bytes", "bpe" (trained at prepare) or "file" (a tokenizer.json named)

@@ -4,8 +4,9 @@
 
 An example is trained as a whole or not at all: prepare drops (or, with `--too-long truncate`,
 cuts) one longer than `--max-example-tokens` (the config's block_size), and counts it in the
-manifest. Which records are held out for validation is `is_validation`'s, per source and record
-number, as for text.
+manifest, with the examples' lengths at the 50th, 95th and 100th percentile; where more than
+5% are too long, it names the block_size that keeps 95% of them whole. Which records are held
+out for validation is `is_validation`'s, per source and record number, as for text.
 
 A row's targets are its inputs shifted left by one token within each example; a target is
 IGNORE_INDEX where its token is not trained (the prompt, a user's turn, the system message),
@@ -16,11 +17,13 @@ with its `documents` (models/packing.py), so that no example attends to another.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import time
+from array import array
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +43,8 @@ if TYPE_CHECKING:
 IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index: a target that counts for nothing
 PACKING_WINDOW = 64  # open rows an example may join (`packed_rows`)
 NAMED = 5  # bad records named in a message
+PERCENTILES = (50, 95, 100)  # of the examples' lengths, which prepare reports
+KEEP_PERCENTILE = 95  # the share of whole examples prepare tells how to keep
 
 
 def chat_template_file(options: Options) -> Path | None:
@@ -167,6 +172,7 @@ def write_examples(
     counts: Counter[str] = Counter()
     bad: list[str] = []
     longest, sources = 0, []
+    lengths = array("q")  # each encoded example's tokens, before the limit
     with tqdm(desc="examples", unit=" records", disable=not progress) as bar:
         for path in files:
             examples = 0
@@ -181,6 +187,7 @@ def write_examples(
                     ids, mask = encode_example(record, options.format, codec, template)
                 except ValueError as error:
                     raise ValueError(f"{path}:{number + 1}: {error}") from None
+                lengths.append(len(ids))
                 if len(ids) > options.max_example_tokens:
                     if options.too_long == "drop":
                         counts["dropped_too_long"] += 1
@@ -217,6 +224,7 @@ def write_examples(
             "dropped_too_long": counts["dropped_too_long"],
             "truncated": counts["truncated"],
             "dropped_nothing_trained": counts["dropped_nothing_trained"],
+            "example_tokens": length_percentiles(lengths),
         },
         tokenizer_sha256=file_sha256(tokenizer_file) if tokenizer_file else "",
         kind=options.format,
@@ -226,7 +234,7 @@ def write_examples(
     say(
         f"encoded {sum(manifest.documents.values()):,} examples, {tokens:,} tokens "
         f"({counts['trained_tokens'] / max(tokens, 1):.1%} trained), in "
-        f"{time.perf_counter() - started:.1f} s; "
+        f"{time.perf_counter() - started:.1f} s; {describe_lengths(manifest)}; "
         f"{describe_left_out(manifest, options.max_example_tokens)}"
     )
     return manifest
@@ -263,9 +271,31 @@ def check_examples(counts: Counter[str], options: Options) -> None:
             )
 
 
+def length_percentiles(lengths: Sequence[int]) -> dict[str, int]:
+    """The lengths (tokens) at each of PERCENTILES, by nearest rank, as {"p50": ..., "p95":
+    ..., "p100": ...}: "p95" is the shortest length that at least 95% of `lengths` are no
+    longer than (a limit of it keeps 95% whole), "p100" the longest; {} for no lengths."""
+    ordered = np.sort(np.asarray(lengths, dtype=np.int64))
+    if not len(ordered):
+        return {}
+    rank = {q: max(math.ceil(q * len(ordered) / 100), 1) for q in PERCENTILES}
+    return {f"p{q}": int(ordered[rank[q] - 1]) for q in PERCENTILES}
+
+
+def describe_lengths(manifest: Manifest) -> str:
+    """The examples' lengths at PERCENTILES, in words ("" where none was encoded)."""
+    lengths = manifest.skipped.get("example_tokens") or {}
+    if not lengths:
+        return "no example encoded"
+    values = "/".join(f"{lengths[f'p{q}']:,}" for q in PERCENTILES)
+    names = "/".join(f"{q}th" for q in PERCENTILES)
+    return f"examples of {values} tokens at the {names} percentile"
+
+
 def describe_left_out(manifest: Manifest, limit: int) -> str:
     """What prepare left out of the examples, in words ("nothing left out" if nothing), with
-    what to change where more than a tenth of them were too long for `limit` tokens."""
+    the block_size that keeps KEEP_PERCENTILE% of them whole where more than the rest were too
+    long for `limit` tokens (dropped or truncated)."""
     skipped = manifest.skipped
     parts = [
         f"{skipped.get(key, 0):,} {what}"
@@ -278,10 +308,14 @@ def describe_left_out(manifest: Manifest, limit: int) -> str:
         if skipped.get(key)
     ]
     too_long = skipped.get("dropped_too_long", 0) + skipped.get("truncated", 0)
-    if too_long * 10 > too_long + sum(manifest.documents.values()):
+    encoded = sum(manifest.documents.values()) + skipped.get("dropped_too_long", 0)
+    encoded += skipped.get("dropped_nothing_trained", 0)  # each encoded example is one of these
+    keep = (skipped.get("example_tokens") or {}).get(f"p{KEEP_PERCENTILE}")
+    if keep and too_long * 100 > (100 - KEEP_PERCENTILE) * encoded:
         parts.append(
-            "raise --max-example-tokens and block_size (the model's context allows "
-            "init_from's max_position_embeddings) to keep more of them whole"
+            f"to keep {KEEP_PERCENTILE}% of the examples whole ({too_long / encoded:.0%} are "
+            f"longer than {limit}), set block_size >= {keep:,} in configs/train.toml "
+            "(--max-example-tokens follows it; init_from's max_position_embeddings at most)"
         )
     return "; ".join(parts) or "nothing left out"
 

@@ -12,10 +12,13 @@ nothing else.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
 
 from .names import GPT2_TIED_HEAD, canonical_name, hub_name
@@ -25,13 +28,32 @@ INDEX_FILE = "model.safetensors.index.json"
 LISTED = 6  # names a refusal lists before it counts the rest
 
 
+@contextmanager
+def open_weights(path: Path) -> Iterator[Any]:
+    """`path`'s safetensors file opened for PyTorch tensors (safetensors' `safe_open`).
+
+    Raises:
+        ValueError: `path` is not a complete safetensors file (cut short by a download, or
+            not one at all): safetensors refuses its header before any tensor is read.
+    """
+    try:
+        handle = safe_open(path, framework="pt")
+    except SafetensorError as error:
+        why = " ".join(str(error).split())  # safetensors' reason, on one line
+        raise ValueError(
+            f"{path} is not a complete safetensors file ({why}); download it again"
+        ) from None
+    with handle:
+        yield handle
+
+
 def weight_files(folder: Path) -> dict[str, Path]:
     """Each tensor name the folder's weights hold -> its file: model.safetensors, or the
     shards model.safetensors.index.json maps (transformers' layout).
 
     Raises:
-        ValueError: neither file is there (a PyTorch .bin folder needs converting first), or
-            the index names a shard that is missing.
+        ValueError: neither file is there (a PyTorch .bin folder needs converting first), the
+            index names a shard that is missing, or a file is not a complete safetensors file.
     """
     folder = Path(folder)
     index = folder / INDEX_FILE
@@ -47,7 +69,7 @@ def weight_files(folder: Path) -> dict[str, Path]:
         other = " (it has PyTorch .bin weights: save them as safetensors first)"
         bins = any(folder.glob("*.bin"))
         raise ValueError(f"{folder} holds no {WEIGHTS_FILE} or {INDEX_FILE}{other if bins else ''}")
-    with safe_open(single, framework="pt") as handle:
+    with open_weights(single) as handle:
         return dict.fromkeys(handle.keys(), single)
 
 
@@ -93,7 +115,7 @@ class HubWeights:
         """Raise ValueError naming every tensor whose shape is not its parameter's."""
         shapes = {}  # each file's header read once
         for path in {source[0] for source in self.sources.values()}:
-            with safe_open(path, framework="pt") as handle:
+            with open_weights(path) as handle:
                 names = handle.keys()
                 shapes |= {(path, key): list(handle.get_slice(key).get_shape()) for key in names}
         wrong = {}
@@ -114,6 +136,6 @@ class HubWeights:
         tensor, cast to `tensor`'s dtype; `generator` is unused (the model's `init_tensor`
         signature)."""
         path, key, transposed = self.sources[name]
-        with safe_open(path, framework="pt") as handle:
+        with open_weights(path) as handle:
             stored = handle.get_tensor(key)
         tensor.copy_(stored.T if transposed else stored)

@@ -26,7 +26,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
@@ -39,6 +39,7 @@ PARQUET_BATCH_ROWS = 64  # rows of a parquet column converted to Python strings 
 BREAK = re.compile(r"\s(?=\S)")  # where a piece may end: before the whitespace ahead of a word
 JSON_TYPES = {type(None): "null", bool: "boolean", int: "number", float: "number"}
 JSON_TYPES |= {str: "string", list: "array"}
+OTHER_FORMATS = (("chat", {"messages"}), ("completion", {"prompt", "completion"}))  # --format
 
 
 class BadSource(ValueError):
@@ -313,8 +314,26 @@ def record_text(line: bytes, text_key: str) -> str | BadRecord:
         return BadRecord(0, f"a JSON {JSON_TYPES.get(type(value), 'value')}, not an object")
     if text_key not in value:
         fields = ", ".join(list(value)[:8]) or "none"
-        return BadRecord(0, f"no {text_key!r} field (it has: {fields}); name it with --text-key")
+        fix = format_fix(value, text_key) or "name it with --text-key"
+        return BadRecord(0, f"no {text_key!r} field (it has: {fields}); {fix}")
     return missing_text(value[text_key], text_key) or value[text_key]
+
+
+def record_format(fields: Iterable[str], text_key: str) -> str | None:
+    """The `--format` whose records have `fields` (a JSON record's keys, or a parquet file's
+    columns) where they lack `text_key`: "chat" for `messages`, "completion" for `prompt` and
+    `completion` (chat.py); None where they are neither, or hold `text_key` (text)."""
+    names = set(fields)
+    if text_key in names:
+        return None
+    return next((name for name, keys in OTHER_FORMATS if keys <= names), None)
+
+
+def format_fix(fields: Iterable[str], text_key: str) -> str | None:
+    """The fix where `fields` are those of another format's records (`record_format`): "these
+    are chat records: pass --format chat" (or completion); else None."""
+    other = record_format(fields, text_key)
+    return f"these are {other} records: pass --format {other}" if other else None
 
 
 def missing_text(value: object, text_key: str) -> BadRecord | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,11 +22,13 @@ from .documents import (
     Layout,
     Piece,
     Span,
+    format_fix,
     is_validation,
     read_pieces,
+    record_format,
     text_layout,
 )
-from .sources import compression, source_kind
+from .sources import compression, open_source, source_kind
 
 JOB_BYTES = 1 << 22  # source bytes of one encoding job, about
 NAMED = 5  # bad records a survey names
@@ -118,6 +121,8 @@ def survey_source(
     try:
         if kind == "parquet":
             return survey_parquet(path, text_key, size, val_fraction)
+        if kind == "jsonl":
+            check_first_record(path, text_key)
         try:
             return read_through(path, kind, text_layout(path, "utf-8"), *args)
         except BadSource:
@@ -126,6 +131,28 @@ def survey_source(
             return read_through(path, kind, text_layout(path, encoding), *args)
     except BadSource as error:
         return Survey(path, kind, None, (), size, problem=str(error))
+
+
+def check_first_record(path: Path, text_key: str) -> None:
+    """Refuse a JSON-lines source whose first record is a chat or completion record (it has
+    `messages`, or `prompt` and `completion`, and no `text_key`): `--format text` would find
+    no document in any of its records. Reads the first non-blank line only.
+
+    Raises:
+        BadSource: "<path>: these are chat records (...): pass --format chat" (or completion).
+    """
+    with open_source(path) as stream:
+        line = next((line for line in stream if line.strip()), b"")
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except ValueError:  # not JSON (nor UTF-8): its BadRecord says so
+        return
+    other = record_format(record, text_key) if isinstance(record, dict) else None
+    if other:
+        raise BadSource(
+            f"{path}: these are {other} records (the first has no {text_key!r} field): pass "
+            f"--format {other}"
+        )
 
 
 def read_through(
@@ -182,8 +209,8 @@ def survey_parquet(path: Path, text_key: str, size: int, val_fraction: float) ->
     names = table.schema_arrow.names
     if text_key not in names:
         raise BadSource(
-            f"{path} has no column {text_key!r} (it has: {', '.join(names)}); name it with "
-            "--text-key"
+            f"{path} has no column {text_key!r} (it has: {', '.join(names)}); "
+            f"{format_fix(names, text_key) or 'name it with --text-key'}"
         )
     kind = table.schema_arrow.field(text_key).type
     if not (

@@ -11,9 +11,9 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from torch import Tensor
+from torch import Tensor, nn
 from tqdm import tqdm
 
 from ..config import Config
@@ -25,6 +25,21 @@ from ..task import throughput
 from ..training.state import TrainState, check_monitor, is_log_step
 from ..training.validation import TaskEvaluation, task_evaluation
 from .trackers import Tracker, check_trackers, open_trackers, scalar_tags
+
+
+class ParameterCounts(NamedTuple):
+    """A model's parameters (elements): `total`, and `trained`, those with `requires_grad` (all
+    of them, or a LoRA run's adapters alone)."""
+
+    total: int
+    trained: int
+
+
+def parameter_counts(model: nn.Module) -> ParameterCounts:
+    """`model`'s parameter counts, read before any wrapper partitions it (meta tensors count)."""
+    parameters = list(model.parameters())
+    trained = sum(p.numel() for p in parameters if p.requires_grad)
+    return ParameterCounts(sum(p.numel() for p in parameters), trained)
 
 
 class RunLog:
@@ -39,8 +54,9 @@ class RunLog:
             `monitor` is not one of the task's metrics (`check_monitor`).
     """
 
-    def __init__(self, config: Config, runtime: Runtime, parameters: int):
-        self.config, self.runtime, self.parameters = config, runtime, parameters
+    def __init__(self, config: Config, runtime: Runtime, parameters: ParameterCounts):
+        self.config, self.runtime = config, runtime
+        self.parameters, self.trained_parameters = parameters
         self.config_values = config.to_dict()  # once: the task's derived keys may read files
         self.stats = {"samples": 0, "train_seconds": 0.0, "data_seconds": 0.0}
         self.bar: tqdm | None = None
