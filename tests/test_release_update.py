@@ -77,25 +77,32 @@ def release_commit(version: str) -> str:
     )
 
 
-@pytest.fixture(scope="module")
-def previous_templates(tmp_path_factory) -> Path:
-    """templates/ of the previous release, as its last commit holds them."""
+def templates_of(version: str, folder: Path) -> Path:
+    """templates/ of release `version`, as its last commit holds them, extracted in `folder`."""
     archive = subprocess.run(
-        ["git", "archive", release_commit(PREVIOUS_RELEASE), "templates"],
+        ["git", "archive", release_commit(version), "templates"],
         cwd=REPO_ROOT, capture_output=True, check=True,
     ).stdout  # fmt: skip
-    folder = tmp_path_factory.mktemp("previous-release")
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(folder, filter="data")
     return folder / "templates"
 
 
-def render_previous(answers: dict, dest: Path, templates: Path, monkeypatch) -> Path:
-    """`scaffold new` of the previous release: its template, tagged with its version in the
-    template cache as that release tagged it, rendered and committed at `dest`."""
+@pytest.fixture(scope="module")
+def previous_templates(tmp_path_factory) -> Path:
+    """templates/ of the previous release."""
+    return templates_of(PREVIOUS_RELEASE, tmp_path_factory.mktemp("previous-release"))
+
+
+def render_previous(
+    answers: dict, dest: Path, templates: Path, monkeypatch, version: str = PREVIOUS_RELEASE
+) -> Path:
+    """`scaffold new` of release `version` (the previous one): its template, tagged with its
+    version in the template cache as that release tagged it, rendered and committed at
+    `dest`."""
     monkeypatch.setattr(
         "scaffold.render.ensure_template_repo",
-        lambda: ensure_template_repo(PREVIOUS_RELEASE, templates),
+        lambda: ensure_template_repo(version, templates),
     )
     values = build_answers(merge_sources(answers, {"project_name": dest.name}))
     render_project(plan(values).copier_data(), dest, init_git=True)
@@ -158,3 +165,40 @@ def test_an_update_into_the_package_tree_keeps_the_owners_edits_and_resumes_bitw
     resumed = load_file(project / "runs" / "a" / "model-last.safetensors")
     assert expected.keys() == resumed.keys()
     assert all(torch.equal(resumed[name], value) for name, value in expected.items())
+
+
+# The language model's families and a finished run's loader, moved into models/ and inference/
+# by 0.6.0: an edit of the owner's in each of three of them.
+FAMILY_EDITS = [
+    ("llama.py", "class LlamaMLP", "# Mine: the MLP.\nclass LlamaMLP"),
+    ("lora.py", "def adapter_state(", "# Mine: the adapters.\ndef adapter_state("),
+    ("trained.py", "def run_weights(", "# Mine: the weights.\ndef run_weights("),
+]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_an_update_into_models_keeps_the_owners_edits_of_the_model_families(
+    tmp_path_factory, tmp_path, isolated_home, monkeypatch
+):
+    """From 0.5.1, the last release before 0.6.0's moves, on a language-model project: each
+    edit is merged into the file's new path, and the updated package imports."""
+    templates = templates_of("0.5.1", tmp_path_factory.mktemp("release-0.5.1"))
+    answers = VARIANTS["lm-cpu-single-fp32"]
+    project = render_previous(answers, tmp_path / "demo", templates, monkeypatch, "0.5.1")
+    package = project / "src" / "demo"
+    for name, line, mine in FAMILY_EDITS:
+        text = (package / name).read_text()
+        assert line in text, name
+        (package / name).write_text(text.replace(line, mine, 1))
+    git(project, "commit", "--quiet", "--all", "-m", "my notes")
+    updated = run_scaffold("update", str(project), cwd=tmp_path)
+    assert updated.returncode == 0, updated.stderr
+    assert "carried your edits of 3 file(s)" in updated.stderr, updated.stderr
+    moves = moves_between(Version("0.5.1"), Version(__version__), "demo")
+    for name, _, mine in FAMILY_EDITS:
+        new = project / moves[f"src/demo/{name}"]
+        assert mine in new.read_text() and "<<<<<<<" not in new.read_text(), new
+        assert not (package / name).exists(), f"{name} left behind"
+    commands = "import demo.chat, demo.evaluate.__main__, demo.export"
+    imported = run_in_project(project, "-c", commands)
+    assert imported.returncode == 0, imported.stderr[-3000:]
