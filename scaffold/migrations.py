@@ -90,7 +90,10 @@ NOTES: dict[str, str] = {
         "during training; where task_config.py is your own task's, delete those lines). "
         "prepare keeps a chat corpus's template (chat_template.jinja) and runs copy it: "
         "prepare a chat corpus again for chat and export to find it (or they fall back to "
-        "init_from's). Checkpoints of 0.5 resume as they are"
+        "init_from's). The run summary's tokens_trained now counts the corpus tokens read (padding "
+        "out) and tokens_per_parameter the trained parameters (a LoRA run's adapters), with "
+        "the new samples_per_epoch and trained_parameters. Checkpoints of 0.5 resume as they "
+        "are"
     ),
 }
 
