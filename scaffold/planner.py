@@ -480,9 +480,9 @@ def _run_length(
         "eval_every": Setting(every, "bits per byte at each validation's step"),
         "eval_bytes": Setting(
             eval_bytes,
-            f"the held-out text a bits-per-byte measurement reads: under "
-            f"{EVAL_TIME_SHARE:.1%} of the training between two (a forward pass at one byte "
-            f"per token against forward and backward over {every} steps)",
+            f"the held-out text a bits-per-byte measurement reads: a forward pass over it costs "
+            f"under {EVAL_TIME_SHARE:.1%} of the {every} training steps between two, counted "
+            "as if each token held one byte (a BPE's tokens hold more, and cost less)",
         ),
     }
 

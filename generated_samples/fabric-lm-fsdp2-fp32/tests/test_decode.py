@@ -163,6 +163,8 @@ def test_decoding_refuses_a_prompt_the_context_cannot_hold_and_stops_at_its_end(
     args = ["--model", str(chat_folders["llama"]), "--temperature", "0", "--device", "cpu"]
     with pytest.raises(SystemExit, match="the prompt is .* tokens and the model reads at most"):
         generate_main(["hello " * CONTEXT, *args])
+    with pytest.raises(SystemExit, match="--device 'foo' is no device; use auto, cpu"):
+        generate_main(["hello", "--model", str(chat_folders["llama"]), "--device", "foo"])
     text = generate_main(["hello how are you", *args, "--max-new-tokens", "8"])
     assert text.startswith("hello how are you")
 
@@ -225,12 +227,14 @@ def test_a_conversation_reuses_its_cache_and_replies_as_a_fresh_one_would(chat_f
     fresh.messages = conversation.messages[:3]
     assert "".join(fresh.reply("how are you", 12)) == second
     assert held > 0 and conversation.messages[2] == {"role": "assistant", "content": first}
+    with pytest.raises(ValueError, match="the message is empty"):
+        list(conversation.reply("  ", 12))
 
     lines = iter(["/reset", "hello", "", "hello " * 200, "/exit"])
     written: list[str] = []
     replies = talk(conversation, 12, read=lambda _: next(lines), write=written.append)
     shown = "".join(written)
-    assert replies == 1 and "reads at most 512; shorten it; /reset to start again" in shown
+    assert replies == 1 and "reads at most 512, its reply included; shorten" in shown
     assert conversation.messages[-1]["content"] == first, "after /reset, the first reply again"
 
 

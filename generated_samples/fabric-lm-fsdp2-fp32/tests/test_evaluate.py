@@ -105,10 +105,20 @@ def test_a_run_is_scored_on_its_validation_split_and_keeps_the_results(config, t
     assert figures["bytes"] == figures["tokens"] and 3000 <= figures["bytes"] < 3000 + 64
     assert figures["bits_per_byte"] == pytest.approx(figures["loss"] / math.log(2))
     assert figures["loss"] == pytest.approx(math.log(NUM_CLASSES), rel=0.05), "random weights"
-    assert json.loads((run_dir / "eval.json").read_text()) == results
+    kept = json.loads((run_dir / "eval.json").read_text())["model.safetensors"]["texts"]
+    assert list(kept.values()) == [results["text"]]
+    text_file = tmp_path / "mine.txt"  # another text's figures go beside the first's
+    text_file.write_text("def f():\n    return 1\n")
+    evaluate_main([str(text_file), "--run-dir", str(run_dir)])
+    kept = json.loads((run_dir / "eval.json").read_text())["model.safetensors"]["texts"]
+    assert list(kept) == [results["text"]["source"], str(text_file)]
+    with pytest.raises(SystemExit, match="byte tokens, for which transformers .* no tokenizer"):
+        evaluate_main(["--run-dir", str(run_dir), "--tasks", "anything"])
+    with pytest.raises(SystemExit, match="--task-dir and --limit choose lm-eval tasks"):
+        evaluate_main(["--run-dir", str(run_dir), "--limit", "3"])
     events = EventAccumulator(str(run_dir / "tensorboard" / "eval"))
     events.Reload()
-    (scalar,) = events.Scalars("eval/bits_per_byte")
+    scalar = events.Scalars("eval/bits_per_byte")[0]  # the first evaluation's
     assert (scalar.step, scalar.value) == (0, pytest.approx(figures["bits_per_byte"], rel=1e-6))
 
 

@@ -134,8 +134,9 @@ def test_relative_data_files_are_anchored_at_the_yaml(data_files, expected) -> N
     assert config["dataset_kwargs"]["data_files"] == data_files
 
 
-# Training the task into a run takes 8 s in fp32 on a CPU and 27 s under bf16 autocast; what it
-# checks after the training (export, lm-eval, the metric) is the same code in every variant.
+# Training the task into a run takes 8 s in fp32 on a CPU and three times as long in a 16-bit
+# precision; what it checks after the training (export, lm-eval, the metric) is the same code in
+# every variant.
 @pytest.mark.skipif(PRECISION != "fp32", reason="trained where training is quick: fp32 variants")
 def test_a_run_trained_on_a_task_answers_it_where_its_base_model_guesses(tmp_path: Path) -> None:
     """`evaluate --tasks` on a run: a tiny Llama trained on tiny_choice's answers (its jsonl's

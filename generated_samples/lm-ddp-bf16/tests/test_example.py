@@ -17,7 +17,7 @@ from lm_ddp_bf16.data import NUM_CLASSES, build_datasets, stdlib_sources
 from lm_ddp_bf16.loader import make_train_loader
 from lm_ddp_bf16.model import ByteGPT, build_model, shape_for
 from lm_ddp_bf16.runtime import init_runtime
-from lm_ddp_bf16.task import throughput
+from lm_ddp_bf16.task import describe_throughput, throughput
 
 
 def test_batch_shapes_and_dtypes(config):
@@ -58,6 +58,14 @@ def test_the_summary_knows_the_data_and_many_passes_over_a_small_corpus_are_warn
     assert 0.9 < facts["epoch_share_of_corpus"] <= 1
     assert facts["epochs_over_corpus"] == pytest.approx(2.5 * facts["epoch_share_of_corpus"])
     assert facts["tokens_per_parameter"] == pytest.approx(facts["tokens_trained"] / 1000)
+    earlier = {"samples": 64, "train_seconds": 1.0, "config": config.to_dict(), "device": "cpu"}
+    earlier |= {"parameters": 1000, "steps": 10, "global_batch_size": 32}  # no loader count
+    facts = throughput(earlier)  # as a test of an earlier release asks: full steps counted
+    assert facts["tokens_trained"] == 10 * 32 * config.block_size
+    assert facts["epochs_over_corpus"] == pytest.approx(facts["tokens_trained"] / corpus)
+    assert facts["epoch_share_of_corpus"] is None and "passes over the corpus" in (
+        describe_throughput(earlier | facts | {"mfu": None})
+    )
     with pytest.warns(UserWarning, match="beyond ~4 epochs"):
         build_datasets(dataclasses.replace(config, epochs=50))
     with warnings.catch_warnings():

@@ -113,20 +113,28 @@ def data_trained(summary: dict[str, Any]) -> dict[str, float | None]:
     `corpus_train_tokens`, the prepared corpus's training tokens; `epoch_share_of_corpus`,
     the share of them one loader epoch reads (under 1: each shard's tail shorter than a
     window, and the samples of a last partial batch, are left out); `epochs_over_corpus`,
-    epochs x that share (None without a manifest)."""
+    epochs x that share (None without a manifest).
+    A summary without `samples_per_epoch` (one a test of an earlier release builds) counts
+    `steps` full steps instead, and has no `tokens_per_epoch` or `epoch_share_of_corpus`."""
     config = summary["config"]
     corpus = corpus_train_tokens(config["data_dir"])
-    per_epoch = loader_epoch_tokens(config, summary["samples_per_epoch"])
-    trained = round(summary["epochs"] * per_epoch)
+    tokens_per_step = summary["global_batch_size"] * config["block_size"]
+    per_epoch = share = None
+    trained = summary["steps"] * tokens_per_step
+    if "samples_per_epoch" in summary:
+        per_epoch = loader_epoch_tokens(config, summary["samples_per_epoch"])
+        trained = round(summary["epochs"] * per_epoch)
+        share = per_epoch / corpus if corpus else None
     trained_parameters = summary.get("trained_parameters") or summary["parameters"]
+    over = None if not corpus else trained / corpus if share is None else summary["epochs"] * share
     return {
-        "tokens_per_step": summary["global_batch_size"] * config["block_size"],
+        "tokens_per_step": tokens_per_step,
         "tokens_per_epoch": per_epoch,
         "tokens_trained": trained,
         "tokens_per_parameter": trained / trained_parameters,
         "corpus_train_tokens": corpus,
-        "epoch_share_of_corpus": per_epoch / corpus if corpus else None,
-        "epochs_over_corpus": summary["epochs"] * per_epoch / corpus if corpus else None,
+        "epoch_share_of_corpus": share,
+        "epochs_over_corpus": over,
     }
 
 
@@ -178,13 +186,12 @@ def describe_throughput(summary: dict[str, Any]) -> str:
     )
     if "tokens_trained" not in summary:
         return line
-    over = summary["epochs_over_corpus"]
-    corpus = ""
-    if over is not None:
+    over, share = summary["epochs_over_corpus"], summary["epoch_share_of_corpus"]
+    corpus = "" if over is None else f", {over:.3g} passes over the corpus"
+    if share is not None:
         corpus = (
-            f"; {summary['epochs']:.3g} epochs x {summary['epoch_share_of_corpus']:.1%} of the "
-            f"corpus's {summary['corpus_train_tokens']:,} training tokens = {over:.3g} passes "
-            "over it"
+            f"; {summary['epochs']:.3g} epochs x {share:.1%} of the corpus's "
+            f"{summary['corpus_train_tokens']:,} training tokens = {over:.3g} passes over it"
         )
     padding = ""
     if "padding_packed" in summary:

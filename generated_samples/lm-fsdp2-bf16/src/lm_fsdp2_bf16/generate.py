@@ -19,7 +19,7 @@ import torch
 
 from .config import command_parser, user_errors
 from .inference.decode import Decoder, Sampling
-from .inference.sources import add_source_arguments, load_language_model
+from .inference.sources import add_source_arguments, device_named, load_language_model
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,14 +36,14 @@ def sampling_of(args: argparse.Namespace) -> tuple[Sampling, torch.device]:
     """The `Sampling` and device that `add_sampling_arguments`' options give.
 
     Raises:
-        ValueError: --max-new-tokens below 1, a negative temperature or a top-k below 1.
+        ValueError: --max-new-tokens below 1, a negative temperature, a top-k below 1, or a
+            device this machine does not have.
     """
     if args.max_new_tokens < 1:
         raise ValueError("--max-new-tokens must be >= 1")
     sampling = Sampling(args.temperature, args.top_k, args.seed)
     sampling.check()
-    auto = "cuda" if torch.cuda.is_available() else "cpu"
-    return sampling, torch.device(auto if args.device == "auto" else args.device)
+    return sampling, device_named(args.device)
 
 
 def main(argv: list[str] | None = None) -> str:

@@ -56,6 +56,8 @@ class Conversation:
             ValueError: the template refuses the conversation, or it fills the model's context
                 (the message is then not kept).
         """
+        if not message.strip():
+            raise ValueError("the message is empty; say something")
         turn = [*self.messages, {"role": "user", "content": message}]
         text = self.used.template.render(turn, add_generation_prompt=True)
         prompt = self.used.codec.encode_batch([text])[0]
@@ -102,6 +104,7 @@ def talk(
             return replies
         if message == "/reset":
             conversation.reset()
+            write("(a new conversation)\n")
             continue
         if not message:
             continue

@@ -9,8 +9,8 @@ the project's `eval` extra: pip install -e '.[eval]') on the model's Hugging Fac
 their data is on this machine.
 
 Reads a run (`--run-dir`, `--weights`, `--checkpoint`) or a model folder (`--model`). Prints a
-table; for a run, also writes eval.json in its folder and the figures as TensorBoard scalars
-(`eval/...`) at its last step.
+table; for a run, also records the results in its folder's eval.json (by weights, then by text
+and task: each one's latest) and as TensorBoard scalars (`eval/...`) at its last step.
 """
 
 from __future__ import annotations
@@ -21,11 +21,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..config import command_parser, load_config, user_errors
 from ..corpus import MANIFEST, read_manifest
-from ..inference.sources import LanguageModel, add_source_arguments, load_language_model
+from ..inference.sources import (
+    LanguageModel,
+    add_source_arguments,
+    device_named,
+    load_language_model,
+)
 from ..inference.trained import run_config
 from ..state_io import atomic_write_text
 from .bits_per_byte import HeldOutText, Score, score
@@ -87,10 +90,17 @@ def table(source: str, text: str, scored: Score, tasks: dict[str, dict[str, floa
     return "\n".join(lines)
 
 
-def record(run_dir: Path, results: dict[str, Any]) -> None:
-    """eval.json in the run folder, and the figures as TensorBoard scalars `eval/<name>` at the
-    run's last step (its summary.json's; 0 without one)."""
-    atomic_write_text(json.dumps(results, indent=1) + "\n", run_dir / EVAL_FILE)
+def record(run_dir: Path, weights: str, results: dict[str, Any]) -> None:
+    """The results in the run folder's eval.json, under the `weights` scored (a weights file or
+    a checkpoint), beside what earlier evaluations recorded (each text's and task's latest),
+    and the figures as TensorBoard scalars `eval/<name>` at the run's last step (its
+    summary.json's; 0 without one)."""
+    path = run_dir / EVAL_FILE
+    kept = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    mine = kept.get(weights, {"texts": {}, "tasks": {}})
+    mine["texts"][results["text"]["source"]] = results["text"]
+    mine["tasks"] |= results["tasks"]
+    atomic_write_text(json.dumps(kept | {weights: mine}, indent=1) + "\n", path)
     summary = run_dir / "summary.json"
     step = json.loads(summary.read_text(encoding="utf-8"))["steps"] if summary.is_file() else 0
     from torch.utils.tensorboard import SummaryWriter
@@ -103,11 +113,24 @@ def record(run_dir: Path, results: dict[str, Any]) -> None:
             writer.add_scalar(tag, value, step)
 
 
+def check_arguments(args: Any) -> None:
+    """Raises ValueError: a count below 1, or a task option without --tasks."""
+    counts = {"--max-bytes": args.max_bytes, "--batch-size": args.batch_size}
+    counts |= {"--limit": args.limit}
+    for option, value in counts.items():
+        if value is not None and value < 1:
+            raise ValueError(f"{option} must be >= 1, got {value}")
+    if not args.tasks and (args.task_dir or args.limit):
+        raise ValueError("--task-dir and --limit choose lm-eval tasks: add --tasks")
+    if args.task_dir and not Path(args.task_dir).is_dir():
+        raise ValueError(f"--task-dir {args.task_dir} is not a folder")
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Entry point; prints the table and returns the results (eval.json's content)."""
     parser = command_parser(__doc__.splitlines()[0])
     parser.add_argument("data", nargs="*", help="texts to score (default: the validation split)")
-    add_source_arguments(parser)
+    add_source_arguments(parser, chat=False)
     parser.add_argument("--text-key", default="text", help="the text field of jsonl/parquet")
     parser.add_argument("--max-bytes", type=int, help="score the texts' first N bytes only")
     parser.add_argument("--context", type=int, help="tokens a window holds (default: block_size)")
@@ -118,18 +141,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, mps")
     args = parser.parse_args(argv)
     with user_errors():
-        if (args.max_bytes is not None and args.max_bytes < 1) or args.batch_size < 1:
-            raise ValueError("--max-bytes and --batch-size must be >= 1")
-        auto = "cuda" if torch.cuda.is_available() else "cpu"
-        args.device_name = auto if args.device == "auto" else args.device
-        device = torch.device(args.device_name)
+        check_arguments(args)
+        device = device_named(args.device)
+        args.device_name = str(device)
         used = load_language_model(args, device)
+        if args.tasks and used.codec.tokenizer is None:
+            raise ValueError(
+                f"{used.source} reads byte tokens, for which transformers (and so lm-eval) has "
+                "no tokenizer: --tasks needs a model with a tokenizer.json (prepare with "
+                "--tokenizer bpe or a model's own)"
+            )
         run_dir = None
         if not args.model:
             run_dir = Path(args.run_dir or load_config("configs/train.toml").run_dir)
-        context = args.context or (
-            run_config(run_dir).block_size if run_dir is not None else used.context
-        )
+        context = args.context
+        if context is None:
+            context = run_config(run_dir).block_size if run_dir is not None else used.context
         if not 1 < context <= used.context:
             raise ValueError(f"--context must be in [2, {used.context}], the model's positions")
         text, name = held_out_text(args, used, run_dir)
@@ -142,7 +169,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     print(table(used.source, name, scored, tasks))
     if run_dir is not None:
-        record(run_dir, results)
+        record(run_dir, args.checkpoint or args.weights, results)
         print(f"wrote {run_dir / EVAL_FILE}", file=sys.stderr)
     return results
 

@@ -187,7 +187,9 @@ def gpt2_shape(hub: dict[str, Any], path: Path) -> GPT2Shape:
 
 
 def hub_config(architecture: Architecture) -> dict[str, Any]:
-    """The config.json transformers builds `architecture` from (`AutoConfig`), in float32."""
+    """The config.json transformers builds `architecture` from (`AutoConfig`), in float32. The
+    special token ids are written even where the model has none (null): a missing key would take
+    the config class's default (GPT-2's 50256, Llama's 1 and 2), ids of no token here."""
     shape = architecture.shape
     if isinstance(shape, GPT2Shape):
         activation = "gelu" if shape.gelu_approximate == "none" else "gelu_new"
@@ -226,4 +228,5 @@ def hub_config(architecture: Architecture) -> dict[str, Any]:
             config |= {"attention_bias": shape.output_bias, "mlp_bias": False}
         else:
             config |= {"sliding_window": None, "use_sliding_window": False}
-    return config | architecture.special_token_ids | {"torch_dtype": "float32"}
+    special = {"bos_token_id": architecture.bos_token_id, "eos_token_id": architecture.eos_token_id}
+    return config | special | {"torch_dtype": "float32"}

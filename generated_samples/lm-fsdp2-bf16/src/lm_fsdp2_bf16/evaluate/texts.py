@@ -49,8 +49,8 @@ def read_texts(patterns: list[str], text_key: str = "text") -> Iterator[str]:
             if not isinstance(value, str):
                 chat = isinstance(record, dict) and "messages" in record
                 hint = (
-                    "these are chat records: prepare them with --format chat and score the "
-                    "prepared corpus (--data-dir)"
+                    "these are chat records: prepare them with --format chat, and evaluate a "
+                    "run trained on them (--run-dir), which scores its prepared validation split"
                     if chat
                     else "name the field with --text-key"
                 )

@@ -86,7 +86,7 @@ class Decoder:
         if prompt_tokens >= self.context:
             raise ValueError(
                 f"the prompt is {prompt_tokens} tokens and the model reads at most "
-                f"{self.context}; shorten it"
+                f"{self.context}, its reply included; shorten it to {self.context - 1} or fewer"
             )
         return self.context - prompt_tokens
 

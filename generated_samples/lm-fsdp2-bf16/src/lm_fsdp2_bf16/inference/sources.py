@@ -46,14 +46,38 @@ class LanguageModel:
     source: str  # where it was read from, for messages
 
 
-def add_source_arguments(parser: argparse.ArgumentParser) -> None:
+def add_source_arguments(parser: argparse.ArgumentParser, chat: bool = True) -> None:
     """The options that name a model: `--run-dir` (default: configs/train.toml's) with
-    `--weights` or `--checkpoint`, or `--model FOLDER`, and `--chat-template FILE`."""
+    `--weights` or `--checkpoint`, or `--model FOLDER`, and (`chat`) `--chat-template FILE`."""
     parser.add_argument("--run-dir", help="the trained run (default: configs/train.toml's)")
     parser.add_argument("--weights", default=WEIGHTS_FILE, help="a weights file of the run")
     parser.add_argument("--checkpoint", help="a checkpoint folder of the run instead")
     parser.add_argument("--model", help="a Hugging Face model folder (an export) instead of a run")
-    parser.add_argument("--chat-template", help="a .jinja chat template instead of the model's")
+    if chat:
+        parser.add_argument("--chat-template", help="a .jinja chat template, not the model's")
+
+
+def device_named(name: str) -> torch.device:
+    """The device `--device NAME` names: "auto" (a CUDA GPU where torch sees one, else the
+    CPU), "cpu", "cuda", "cuda:N" or "mps".
+
+    Raises:
+        ValueError: a name torch does not know, or a device this machine does not have.
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r} is no device; use auto, cpu, cuda or mps") from None
+    present = {
+        "cpu": True,
+        "cuda": torch.cuda.is_available(),
+        "mps": torch.backends.mps.is_available(),
+    }
+    if not present.get(device.type, False):
+        raise ValueError(f"--device {name}: this machine has no such device; use --device cpu")
+    return device
 
 
 def load_language_model(args: argparse.Namespace, device: torch.device) -> LanguageModel:
@@ -85,7 +109,7 @@ def load_language_model(args: argparse.Namespace, device: torch.device) -> Langu
             model, config = load_trained(run_dir, str(weights), device)
         codec, template = run_codec(run_dir, config), run_template(run_dir, config)
         context, source, extra = model_architecture(config).max_positions, str(run_dir), []
-    if args.chat_template:
+    if getattr(args, "chat_template", None):
         template = ChatTemplate.load(Path(args.chat_template))
     turn_ends = end_of_turn_ids(template, codec) if template else []
     stops = tuple(dict.fromkeys([codec.eot_id, *turn_ends, *extra]))
@@ -99,6 +123,13 @@ def folder_model(folder: Path, device: torch.device) -> tuple[nn.Module, Archite
     Raises:
         ValueError: see `read_architecture` and `HubWeights`; a LoRA adapter folder.
     """
+    if not folder.is_dir():
+        raise ValueError(f"--model {folder}: no such folder; name a model folder export wrote")
+    if not (folder / "config.json").is_file() and not (folder / "adapter_config.json").is_file():
+        raise ValueError(
+            f"--model {folder} holds no config.json: name a Hugging Face model folder, such as "
+            "one export wrote"
+        )
     if (folder / "adapter_config.json").is_file():
         raise ValueError(
             f"{folder} holds LoRA adapters, not a model; export the run with --merge, or name "
