@@ -46,6 +46,7 @@ from .models import (
     add_adapters,
     document_causal_mask,
     document_positions,
+    new_positions,
 )
 
 # Published decoders' shapes: (name, nominal parameters, blocks, width, heads). A model_size equal
@@ -178,14 +179,7 @@ class ByteGPT(nn.Module):
     def forward(
         self, tokens: Tensor, documents: Tensor | None = None, cache: KVCache | None = None
     ) -> Tensor:
-        start = 0 if cache is None else cache.length
-        end = start + tokens.shape[1]
-        if end > self.position_embedding.num_embeddings:
-            raise ValueError(
-                f"{end} tokens; the model reads {self.position_embedding.num_embeddings}"
-            )
-        positions = torch.arange(start, end, device=tokens.device)
-        mask = None if cache is None else cache.attention_mask(tokens.shape[1], tokens.device)
+        positions, mask = new_positions(tokens, cache, self.position_embedding.num_embeddings)
         if documents is not None:
             positions, mask = document_positions(documents), document_causal_mask(documents)
         x = self.token_embedding(tokens) + self.position_embedding(positions)
@@ -321,6 +315,24 @@ def model_architecture(config: Config) -> Architecture:
     )
 
 
+def decoder_for(architecture: Architecture, dropout: float = 0.0) -> nn.Module:
+    """A new decoder of `architecture`'s family and shape, initialised by its `init_tensor`
+    (nothing to fill where it is built on the meta device); `dropout` applies to the GPT-style
+    one (Llama-style models train without dropout)."""
+    shape = architecture.shape
+    if isinstance(shape, LlamaShape):
+        return Llama(shape)
+    return ByteGPT(
+        shape.width,
+        shape.depth,
+        shape.heads,
+        shape.max_positions,
+        dropout,
+        shape.vocab_size,
+        shape.gelu_approximate,
+    )
+
+
 def build_model(config: Config) -> nn.Module:
     """The decoder `model_architecture(config)` describes; `config.dropout` applies to the
     GPT-style one (Llama-style models train without dropout). With `init_from`, its
@@ -333,19 +345,7 @@ def build_model(config: Config) -> nn.Module:
         ValueError: see `model_architecture` and `HubWeights`.
     """
     architecture = model_architecture(config)
-    shape = architecture.shape
-    if isinstance(shape, LlamaShape):
-        model = Llama(shape)
-    else:
-        model = ByteGPT(
-            shape.width,
-            shape.depth,
-            shape.heads,
-            shape.max_positions,
-            config.dropout,
-            shape.vocab_size,
-            shape.gelu_approximate,
-        )
+    model = decoder_for(architecture, config.dropout)
     if config.init_from:
         model.init_tensor = HubWeights(
             Path(config.init_from), architecture.family, model

@@ -77,3 +77,23 @@ class KVCache:
         queries = torch.arange(start, start + new, device=device)[:, None]
         keys = torch.arange(start + new, device=device)[None, :]
         return keys <= queries
+
+
+def new_positions(
+    tokens: Tensor, cache: KVCache | None, max_positions: int
+) -> tuple[Tensor, Tensor | None]:
+    """The positions of `tokens` (int64 `[B, T]`) after the `cache.length` ones the cache holds
+    (from 0 without one), int64 `[T]`, and the attention mask they need (`attention_mask`;
+    None: the attention's own causal one).
+
+    Raises:
+        ValueError: they would reach past `max_positions`, the model's context.
+    """
+    start = 0 if cache is None else cache.length
+    end = start + tokens.shape[1]
+    if end > max_positions:
+        raise ValueError(f"{end} tokens; the model reads {max_positions}")
+    positions = torch.arange(start, end, device=tokens.device)
+    return positions, None if cache is None else cache.attention_mask(
+        tokens.shape[1], tokens.device
+    )

@@ -22,8 +22,7 @@ from ..corpus import MANIFEST, RUN_MANIFEST, TOKENIZER_FILE, Codec, manifest_at,
 from ..corpus.chat import TEMPLATE_FILE, ChatTemplate, read_tokenizer_config, template_beside
 from ..engine import Engine, build_on_meta, materialize
 from ..hub import Architecture, HubWeights, read_architecture
-from ..model import ByteGPT, model_architecture
-from ..models import Llama, LlamaShape
+from ..model import decoder_for, model_architecture
 from ..runtime import init_runtime, shutdown_runtime
 from ..training import build_optimizer
 from .trained import load_trained, run_config
@@ -136,19 +135,8 @@ def folder_model(folder: Path, device: torch.device) -> tuple[nn.Module, Archite
             "the run with --run-dir"
         )
     architecture = read_architecture(folder)
-    shape = architecture.shape
     with torch.device("meta"):
-        if isinstance(shape, LlamaShape):
-            model = Llama(shape)
-        else:
-            model = ByteGPT(
-                shape.width,
-                shape.depth,
-                shape.heads,
-                shape.max_positions,
-                vocab_size=shape.vocab_size,
-                gelu_approximate=shape.gelu_approximate,
-            )
+        model = decoder_for(architecture)
     model.init_tensor = HubWeights(folder, architecture.family, model).init_tensor
     return materialize(model, device, seed=0), architecture
 

@@ -3,7 +3,7 @@
 the masks and positions of packed rows (`packing.py`) and the key-value cache that decoding
 reads (`kv_cache.py`). model.py, yours, builds from these."""
 
-from .kv_cache import KVCache, LayerCache
+from .kv_cache import KVCache, LayerCache, new_positions
 from .llama import Llama, LlamaShape
 from .lora import adapter_state, add_adapters, base_name, merged_state, write_adapter
 from .packing import document_causal_mask, document_positions
@@ -19,5 +19,6 @@ __all__ = [
     "document_causal_mask",
     "document_positions",
     "merged_state",
+    "new_positions",
     "write_adapter",
 ]

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .kv_cache import KVCache, LayerCache
+from .kv_cache import KVCache, LayerCache, new_positions
 from .packing import document_causal_mask, document_positions
 
 
@@ -189,12 +189,7 @@ class Llama(nn.Module):
     def forward(
         self, tokens: Tensor, documents: Tensor | None = None, cache: KVCache | None = None
     ) -> Tensor:
-        start = 0 if cache is None else cache.length
-        end = start + tokens.shape[1]
-        if end > self.shape.max_positions:
-            raise ValueError(f"{end} tokens; the model reads {self.shape.max_positions}")
-        positions = torch.arange(start, end, device=tokens.device)
-        mask = None if cache is None else cache.attention_mask(tokens.shape[1], tokens.device)
+        positions, mask = new_positions(tokens, cache, self.shape.max_positions)
         if documents is not None:  # [B, 1, T]: one row of positions per sequence, every head
             positions, mask = (
                 document_positions(documents)[:, None],
