@@ -107,6 +107,10 @@ def test_a_run_is_scored_on_its_validation_split_and_keeps_the_results(config, t
     assert figures["loss"] == pytest.approx(math.log(NUM_CLASSES), rel=0.05), "random weights"
     kept = json.loads((run_dir / "eval.json").read_text())["model.safetensors"]["texts"]
     assert list(kept.values()) == [results["text"]]
+    events = EventAccumulator(str(run_dir / "tensorboard" / "eval"))
+    events.Reload()
+    (scalar,) = events.Scalars("eval/bits_per_byte")
+    assert (scalar.step, scalar.value) == (0, pytest.approx(figures["bits_per_byte"], rel=1e-6))
     text_file = tmp_path / "mine.txt"  # another text's figures go beside the first's
     text_file.write_text("def f():\n    return 1\n")
     evaluate_main([str(text_file), "--run-dir", str(run_dir)])
@@ -116,10 +120,6 @@ def test_a_run_is_scored_on_its_validation_split_and_keeps_the_results(config, t
         evaluate_main(["--run-dir", str(run_dir), "--tasks", "anything"])
     with pytest.raises(SystemExit, match="--task-dir and --limit choose lm-eval tasks"):
         evaluate_main(["--run-dir", str(run_dir), "--limit", "3"])
-    events = EventAccumulator(str(run_dir / "tensorboard" / "eval"))
-    events.Reload()
-    scalar = events.Scalars("eval/bits_per_byte")[0]  # the first evaluation's
-    assert (scalar.step, scalar.value) == (0, pytest.approx(figures["bits_per_byte"], rel=1e-6))
 
 
 def test_training_measures_the_held_out_text_as_the_command_does(config, tmp_path):
