@@ -61,7 +61,6 @@ class Conversation:
         turn = [*self.messages, {"role": "user", "content": message}]
         text = self.used.template.render(turn, add_generation_prompt=True)
         prompt = self.used.codec.encode_batch([text])[0]
-        self.decoder.room(len(prompt))
         stops = set(self.used.stop_ids)
         new = self.decoder.stream(prompt, max_new_tokens, self.sampling, stops, self.generator)
         ids, shown = [], ""
