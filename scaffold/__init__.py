@@ -1,3 +1,3 @@
 """scaffold: render runnable, correct-by-construction PyTorch training projects."""
 
-__version__ = "0.6.0"
+__version__ = "0.7.0"
