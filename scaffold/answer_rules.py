@@ -8,7 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from scaffold.answers import QUESTION_BY_KEY, Answers, parse_model_size
+from scaffold.answers import (
+    QUESTION_BY_KEY,
+    Answers,
+    check_image_family,
+    check_language_family,
+    parse_model_size,
+)
+from scaffold.backbones import backbone_info, check_backbone_image_size, weights_backbone
 from scaffold.errors import AnswerError, NotAvailableYet
 from scaffold.fitting import SHARDED_STRATEGIES, check_capacity, hardware_recipe, model_shape
 from scaffold.hub_folder import read_hub_folder
@@ -93,6 +100,8 @@ def no_fp16_when_sharded(values: Mapping[str, Any]) -> None:
 
 def _image_model_size(values: Mapping[str, Any]) -> None:
     size = values["model_size"]
+    if values.get("backbone") or values.get("model_family") == "timm":
+        return  # a backbone's size is its own
     if values["task"] == "image-classification" and parse_model_size(size) > MAX_IMAGE_MODEL_PARAMS:
         raise AnswerError(
             f"model_size={size} is too large for the 8x8-digits example model; "
@@ -126,22 +135,41 @@ def _framework_renders(values: Mapping[str, Any]) -> None:
 def _fits_somewhere(values: Mapping[str, Any]) -> None:
     answers = partial_answers(values)
     recipe = hardware_recipe(answers)
-    check_capacity(answers, model_shape(answers.task, answers.model_params, recipe))
+    if answers.model_family == "timm" and not answers.backbone:
+        return  # named by init_from's folder: build_answers reads it, then the plan checks
+    check_capacity(answers, model_shape(answers, recipe))
 
 
-def _init_from_is_a_model_folder(values: Mapping[str, Any]) -> None:
+def _model_of_the_task(values: Mapping[str, Any]) -> None:
+    family, backbone = values.get("model_family", "auto"), values.get("backbone", "")
+    if values["task"] == "language-model":
+        check_language_family(family, backbone)
+    else:
+        check_image_family(family, backbone, values.get("init_from", ""))
+
+
+def _backbone_is_known(values: Mapping[str, Any]) -> None:
+    if values["backbone"] and values["task"] == "image-classification":
+        backbone_info(values["backbone"])
+
+
+def _image_size_holds_the_stride(values: Mapping[str, Any]) -> None:
+    if values["backbone"] and values["task"] == "image-classification":
+        check_backbone_image_size(values["backbone"], values["image_size"])
+
+
+def _init_from_holds_the_model(values: Mapping[str, Any]) -> None:
     if not values["init_from"]:
         return
-    if values["task"] != "language-model":
-        raise AnswerError(
-            "init_from starts a language model from a Hugging Face folder; answer "
-            "task=language-model, or leave init_from empty"
-        )
-    read_hub_folder(values["init_from"], 1)
+    if values["task"] == "language-model":
+        read_hub_folder(values["init_from"], 1)
+        return
+    if values.get("model_family") != "cnn":  # the family's rule refuses weights for the CNN
+        weights_backbone(values["init_from"], values.get("backbone", ""))
 
 
 def _lora_adapts_a_llama_folder(values: Mapping[str, Any]) -> None:
-    if values["finetune"] == "auto":
+    if values["finetune"] == "auto" or values.get("task") == "image-classification":
         return
     if not values["init_from"] and values["finetune"] == "lora":
         raise AnswerError(
@@ -166,7 +194,10 @@ RULES: tuple[tuple[tuple[str, ...], Callable[[Mapping[str, Any]], None]], ...] =
     (("task", "model_size"), _image_model_size),
     (("task", "model_size"), _decoder_size),
     (("framework",), _framework_renders),
-    (("task", "init_from"), _init_from_is_a_model_folder),
+    (("task",), _model_of_the_task),
+    (("task", "backbone"), _backbone_is_known),
+    (("task", "backbone", "image_size"), _image_size_holds_the_stride),
+    (("task", "init_from"), _init_from_holds_the_model),
     (("finetune", "init_from"), _lora_adapts_a_llama_folder),
     (("task", "model_size", "hardware", "host_memory_gb"), _fits_somewhere),
 )

@@ -15,7 +15,7 @@ import re
 import sys
 import unicodedata
 from collections import ChainMap
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,10 @@ class Question:
     beyond: str = ""  # why a larger number cannot be right, for the refusal
     example: str = ""  # a valid answer for hints, where the default is not one everywhere
     takes: str = ""  # the values a text answer takes, in words
+    only_for_images: bool = False
+    only_with_backbone: bool = False  # asked only of an image model that is a timm backbone
+    image_prompt: str = ""  # the prompt for the image task, where it differs
+    when: Callable[[Mapping[str, Any]], bool] | None = None  # asked only where this holds
 
     def accepted(self) -> str:
         """The values this key accepts, in words (for `--help` and refusals)."""
@@ -67,7 +71,27 @@ class Question:
             return False
         if self.only_with_init_from and not known.get("init_from"):
             return False
-        return not (self.derived_from_init_from and known.get("init_from"))
+        images = known.get("task", "image-classification") == "image-classification"
+        if self.only_for_images and not images:
+            return False
+        if self.only_with_backbone and images and not known.get("backbone"):
+            return False
+        if self.when is not None and not self.when(known):
+            return False
+        derived = self.derived_from_init_from and known.get("init_from")
+        backbone = self.key == "model_size" and images and known.get("backbone")
+        return not (derived or backbone)  # a timm backbone's size is its own
+
+    def choices_for(self, known: Mapping[str, Any]) -> tuple[str, ...]:
+        """The choices offered after the answers `known`: a task's own model families."""
+        if self.key != "model_family":
+            return self.choices
+        return MODEL_FAMILIES[known.get("task", "image-classification")]
+
+    def prompt_for(self, known: Mapping[str, Any]) -> str:
+        """The prompt after the answers `known` (the image task's own, where it has one)."""
+        images = known.get("task") == "image-classification"
+        return self.image_prompt if images and self.image_prompt else self.prompt
 
     def hint(self) -> str:
         """A valid answer, as `--data KEY=VALUE` takes it."""
@@ -90,13 +114,37 @@ QUESTIONS: tuple[Question, ...] = (
         RENDERS["task"],
     ),
     Question(
+        "backbone",
+        "Image model: a timm backbone, e.g. resnet50 (empty: the example's CNN)",
+        str,
+        "",
+        takes='a timm model name (python -c "import timm; print(timm.list_models())"), or nothing',
+        example="resnet50",
+        only_for_images=True,
+    ),
+    Question(
         "init_from",
         "Start from: a Hugging Face model folder (empty: from scratch)",
         str,
         "",
-        takes="a folder holding config.json, safetensors weights and tokenizer.json, or nothing",
+        takes=(
+            "a folder holding config.json, safetensors weights and tokenizer.json (a language "
+            "model), or the backbone's weights: a .safetensors/.pth file or a timm folder"
+        ),
         example="/models/SmolLM2-135M",
-        only_for_language_model=True,
+        image_prompt="The backbone's weights: a .safetensors/.pth file or a timm folder (empty: "
+        "timm's random initialisation)",
+        when=lambda known: known.get("task") == "language-model" or bool(known.get("backbone")),
+    ),
+    Question(
+        "image_size",
+        "Image size: the side of the square crop the backbone sees, in pixels",
+        int,
+        224,
+        only_for_images=True,
+        only_with_backbone=True,
+        maximum=8192,
+        beyond="more pixels a side than any backbone is trained at (the largest: ~1,000)",
     ),
     Question("hardware", "Hardware", str, "cpu", RENDERS["hardware"]),
     Question(
@@ -159,9 +207,9 @@ QUESTIONS: tuple[Question, ...] = (
         "model_family",
         "Model family (language model): GPT-2-style or Llama-style decoder",
         str,
-        "gpt2",
+        "auto",
         RENDERS["model_family"],
-        only_for_language_model=True,
+        only_for_language_model=True,  # an image model's is its backbone answer's
         derived_from_init_from=True,
     ),
     Question(
@@ -197,6 +245,8 @@ QUESTIONS: tuple[Question, ...] = (
     Question("compile", "torch.compile the model", bool, False),
 )
 QUESTION_BY_KEY = {question.key: question for question in QUESTIONS}
+# The model families of each task (`auto`: the first, or timm where a backbone is answered).
+MODEL_FAMILIES = {"language-model": ("gpt2", "llama"), "image-classification": ("cnn", "timm")}
 
 # Top-level modules the rendered project, its tests or its tools import (a test checks the
 # template's imports against this list); a package of the same name would shadow one of them.
@@ -280,6 +330,8 @@ class Answers:
     model_size: str
     model_family: str
     init_from: str
+    backbone: str
+    image_size: int
     finetune: str
     framework: str
     strategy: str
@@ -516,11 +568,86 @@ def build_answers(values: Mapping[str, Any]) -> Answers:
     typed = {q.key: coerce(q, values[q.key]) for q in QUESTIONS}
     typed["package_name"] = package_name_for(typed["project_name"])
     parse_model_size(typed["model_size"])
-    if typed["init_from"]:
-        typed.update(pretrained_answers(typed, values))
+    if typed["task"] == "image-classification":
+        typed.update(image_model_answers(typed))
+    else:
+        check_language_family(typed["model_family"], typed["backbone"])
+        if typed["init_from"]:
+            typed.update(pretrained_answers(typed, values))
+    if typed["model_family"] == "auto":
+        typed["model_family"] = MODEL_FAMILIES[typed["task"]][0]
     if typed["hardware"] != "cuda":  # GPU answers mean nothing without a GPU
         typed.update(gpu_arch="none", gpus_per_node=1, num_nodes=1, gpu_memory_gb=0.0)
     return Answers(**typed)
+
+
+def image_model_answers(typed: dict[str, Any]) -> dict[str, Any]:
+    """The image model's answers resolved: a timm backbone (`backbone`, or the architecture an
+    `init_from` folder names) makes `model_family` timm, `model_size` the backbone's parameter
+    count (read from init_from's weights where given) and `init_from` an absolute path; the
+    example's CNN keeps `model_size`.
+
+    Raises:
+        AnswerError: a language model's family, a backbone or weights with model_family=cnn,
+            model_family=timm without a backbone, an unknown backbone, weights that do not hold
+            it, or an image size below its output stride (`scaffold.backbones`).
+    """
+    from scaffold.backbones import backbone_info, check_backbone_image_size, weights_backbone
+
+    family, backbone, init_from = typed["model_family"], typed["backbone"], typed["init_from"]
+    check_image_family(family, backbone, init_from)
+    if not (backbone or init_from):
+        return {"model_family": "cnn"}
+    params = backbone_info(backbone).params if backbone else 0
+    if init_from:
+        init_from = str(Path(init_from).expanduser().resolve())
+        backbone, params = weights_backbone(init_from, backbone)
+    check_backbone_image_size(backbone, typed["image_size"])
+    return {
+        "model_family": "timm",
+        "backbone": backbone,
+        "init_from": init_from,
+        "model_size": str(params),
+    }
+
+
+def check_image_family(family: str, backbone: str, init_from: str) -> None:
+    """Refuse an image model whose answers disagree: a language model's family, a backbone or
+    weights for the example's CNN, or model_family=timm with neither.
+
+    Raises:
+        AnswerError: what to answer instead.
+    """
+    if family not in ("auto", *MODEL_FAMILIES["image-classification"]):
+        raise AnswerError(
+            f"model_family={family} is a language model's; an image model is cnn (the "
+            "example's) or timm (answer backbone=NAME, e.g. resnet50)"
+        )
+    if family == "cnn" and (backbone or init_from):
+        given = "backbone" if backbone else "init_from"
+        raise AnswerError(
+            f"{given} is a timm backbone's, and model_family=cnn is the example's CNN; answer "
+            f"model_family=timm, or leave {given} out"
+        )
+    if family == "timm" and not (backbone or init_from):
+        raise AnswerError(
+            "model_family=timm needs backbone=NAME (a timm model, e.g. resnet50), or init_from "
+            "a timm folder whose config.json names it"
+        )
+
+
+def check_language_family(family: str, backbone: str) -> None:
+    """Refuse an image model's answers for a language model.
+
+    Raises:
+        AnswerError: a backbone, or model_family cnn or timm.
+    """
+    if backbone or family in MODEL_FAMILIES["image-classification"]:
+        what = f"backbone={backbone}" if backbone else f"model_family={family}"
+        raise AnswerError(
+            f"{what} is an image model's; a language model is gpt2 or llama (answer "
+            "task=image-classification for a backbone)"
+        )
 
 
 def pretrained_answers(typed: dict[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
@@ -532,10 +659,6 @@ def pretrained_answers(typed: dict[str, Any], values: Mapping[str, Any]) -> dict
             `model_size` or `model_family` answered beside it that contradicts it (a size more
             than 10% off its count).
     """
-    if typed["task"] != "language-model":
-        raise AnswerError(
-            "init_from starts a language model from a Hugging Face folder; set task=language-model"
-        )
     typed["init_from"] = str(Path(typed["init_from"]).expanduser().resolve())
     shape = read_hub_folder(typed["init_from"], 1)
     answered = values.maps[:-1] if isinstance(values, ChainMap) else [values]
@@ -546,9 +669,9 @@ def pretrained_answers(typed: dict[str, Any], values: Mapping[str, Any]) -> dict
                 f"model_size {typed['model_size']} contradicts init_from {typed['init_from']}, "
                 f"a model of {shape.params:,} parameters; leave model_size out"
             )
-    if (
-        any("model_family" in source for source in answered)
-        and typed["model_family"] != shape.family
+    if any("model_family" in source for source in answered) and typed["model_family"] not in (
+        "auto",
+        shape.family,
     ):
         raise AnswerError(
             f"model_family {typed['model_family']} contradicts init_from {typed['init_from']}, "

@@ -13,9 +13,10 @@ import math
 from dataclasses import dataclass
 
 from scaffold.answers import Answers
+from scaffold.backbones import backbone_shape
 from scaffold.errors import AnswerError
 from scaffold.memory import GIB, Estimate, estimate, gib
-from scaffold.recipes import Recipe, for_hardware, recipe_for
+from scaffold.recipes import Recipe, backbone_recipe, for_hardware, recipe_for
 from scaffold.shapes import ModelShape, cnn_for, decoder_for
 
 # Share of device memory a plan may fill: the seeds' "raise batch size until memory is ~85-90%
@@ -30,18 +31,27 @@ MODEL_STATE_BYTES = 16  # per parameter with AdamW: fp32 weights, gradients, two
 
 SHARDED_STRATEGIES = ("fsdp2", "zero1", "zero2", "zero3", "zero3-offload")
 
+# The classes a backbone's head is planned for: ImageNet's 1,000, more than most datasets have
+# (the prepared data's decide the real head at start; it is ~2M of a ResNet-50's 25M).
+PLANNED_CLASSES = 1000
 
-def model_shape(task: str, params: int, recipe: Recipe) -> ModelShape:
-    """The example model of `task` that `model_size` renders (for the language model, at the
-    recipe's context and vocabulary)."""
-    if task == "image-classification":
-        return cnn_for(params)
-    return decoder_for(params, recipe.block_size, recipe.vocab_size)
+
+def model_shape(answers: Answers, recipe: Recipe) -> ModelShape:
+    """The model the answers render: a timm backbone at the answered image size (its head
+    planned for PLANNED_CLASSES), or the example model of the task that `model_size` renders
+    (for the language model, at the recipe's context and vocabulary)."""
+    if answers.task == "image-classification" and answers.backbone:
+        return backbone_shape(answers.backbone, answers.image_size, PLANNED_CLASSES)
+    if answers.task == "image-classification":
+        return cnn_for(answers.model_params)
+    return decoder_for(answers.model_params, recipe.block_size, recipe.vocab_size)
 
 
 def hardware_recipe(answers: Answers) -> Recipe:
     """The recipe of the answered model size (`recipe_for`), as the answered hardware can train
     it (`for_hardware`: on CPU and MPS, the example's context and batch)."""
+    if answers.model_family == "timm":
+        return backbone_recipe(bool(answers.init_from), answers.world_size).recipe
     recipe = recipe_for(answers.task, answers.model_params)
     return for_hardware(recipe, answers.hardware, answers.model_params)
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from scaffold.answer_rules import check, gains_nothing_on_one_process, no_fp16_when_sharded
 from scaffold.answers import QUESTION_BY_KEY, Answers, coerce
+from scaffold.backbones import BackboneShape
 from scaffold.errors import AnswerError, NotAvailableYet
 from scaffold.fitting import (
     MODEL_STATE_BYTES,
@@ -38,7 +39,13 @@ from scaffold.fitting import (
 )
 from scaffold.hub_folder import HubDecoderShape, read_hub_folder
 from scaffold.memory import Estimate, estimate, gib
-from scaffold.recipes import SMALL_LM_RECIPE, Recipe, total_steps, within_accumulation
+from scaffold.recipes import (
+    SMALL_LM_RECIPE,
+    Recipe,
+    backbone_recipe,
+    total_steps,
+    within_accumulation,
+)
 from scaffold.renderable import framework_renders
 from scaffold.shapes import DecoderShape, ModelShape
 
@@ -110,7 +117,8 @@ class Plan:
     def reasons(self) -> tuple[str, ...]:
         """One line per decision, in the order `scaffold plan` prints them: precision, the
         decoder's shape (where it follows a published one), strategy, then each setting."""
-        shape = [self.shape.provenance()] if isinstance(self.shape, DecoderShape) else []
+        described = isinstance(self.shape, DecoderShape | BackboneShape)
+        shape = [self.shape.provenance()] if described else []
         settings = [f"{key}={s.as_toml()}: {s.source}" for key, s in self.settings.items()]
         return (self.precision.line(), *shape, self.strategy.line(), *settings)
 
@@ -183,7 +191,7 @@ def plan(answers: Answers) -> Plan:
             "it trains"
         )
     recipe = hardware_recipe(answers)
-    shape = model_shape(answers.task, answers.model_params, recipe)
+    shape = model_shape(answers, recipe)
     if answers.init_from:
         shape = read_hub_folder(answers.init_from, recipe.block_size)
         recipe = continued_training(recipe, shape)
@@ -395,6 +403,8 @@ def _settings(answers: Answers, recipe: Recipe, chosen: Fit) -> dict[str, Settin
         settings["model_family"] = Setting(answers.model_family, family)
         start = "as answered: the engines load its weights" if answers.init_from else "scratch"
         settings["init_from"] = Setting(answers.init_from, start)
+    else:
+        settings |= _image_model(answers)
     peak = f"~{gib(chosen.estimate.peak)} of {gib(usable)} GiB usable per device"
     if not usable:
         micro = f"the whole {per_process} {unit} per process (memory not given: not checked)"
@@ -419,6 +429,36 @@ def _settings(answers: Answers, recipe: Recipe, chosen: Fit) -> dict[str, Settin
         checkpointing = "off: the plan fits without recomputing activations"
     settings["activation_checkpointing"] = Setting(chosen.checkpointing, checkpointing)
     return settings
+
+
+def _image_model(answers: Answers) -> dict[str, Setting]:
+    """The image model's settings: the example's CNN, or a timm backbone with the weights it
+    starts from, its image size and how its LR and frozen epochs follow its recipe
+    (`backbone_recipe`)."""
+    if answers.model_family != "timm":
+        cnn = "the example's CNN (model.py), sized by model_size; backbone=NAME plans a timm one"
+        return {
+            "model_family": Setting("cnn", cnn),
+            "image_size": Setting(
+                answers.image_size, "as answered (prepared images; the digits are 8x8)"
+            ),
+        }
+    chosen = backbone_recipe(bool(answers.init_from), answers.world_size)
+    weights = (
+        "as answered: its weights, checked against the backbone's"
+        if answers.init_from
+        else "none: timm's random initialisation (answer init_from to fine-tune pretrained weights)"
+    )
+    return {
+        "model_family": Setting("timm", f"as answered: backbone {answers.backbone}"),
+        "backbone": Setting(answers.backbone, "as answered (backbone.py builds it with timm)"),
+        "init_from": Setting(answers.init_from, weights),
+        "image_size": Setting(answers.image_size, "as answered: the memory estimate's crop"),
+        "backbone_lr_ratio": Setting(chosen.backbone_lr_ratio, chosen.reasons["backbone_lr_ratio"]),
+        "freeze_backbone_epochs": Setting(
+            chosen.freeze_backbone_epochs, chosen.reasons["freeze_backbone_epochs"]
+        ),
+    }
 
 
 # Compute-optimal training sees ~20 tokens per parameter (Hoffmann et al. 2022, "Training

@@ -131,7 +131,7 @@ def _ask_one(question: Question, default: Any, known: Mapping[str, Any], first: 
     if question.kind is bool:
         choices = [questionary.Choice("no", value=False), questionary.Choice("yes", value=True)]
         return questionary.select(
-            question.prompt,
+            question.prompt_for(known),
             choices=choices + back,
             default=choices[bool(default)],
             instruction=instruction,
@@ -156,7 +156,7 @@ def _ask_text(question: Question, default: str, known: Mapping[str, Any], first:
 
     while True:
         typed = questionary.text(
-            question.prompt,
+            question.prompt_for(known),
             default=default,
             validate=under_the_prompt,
             instruction=FIRST_INSTRUCTION["text"] if first else None,
@@ -177,7 +177,7 @@ def _select(
 ) -> Any:
     """A select question; a choice that cannot work is listed, not selectable, with why."""
     choices = []
-    for value in question.choices:
+    for value in question.choices_for(known):
         reason = unavailable(question, value, known)
         title = strategy_title(value, known) if question.key == "strategy" else value
         # The reason's first clause: a menu line is cut at the terminal's width.
@@ -190,7 +190,7 @@ def _select(
     if question.key == "strategy" and not instruction:
         instruction = strategy_instruction(known)
     return questionary.select(
-        question.prompt, choices=choices + back, default=start, instruction=instruction
+        question.prompt_for(known), choices=choices + back, default=start, instruction=instruction
     ).unsafe_ask()
 
 

@@ -115,6 +115,82 @@ def recipe_for(task: str, params: int) -> Recipe:
     )
 
 
+# A timm backbone's recipes. Fine-tuning pretrained weights (init_from): MAE's end-to-end
+# fine-tuning recipe (He et al. 2022, "Masked Autoencoders Are Scalable Vision Learners",
+# Appendix A.1, Table 9): AdamW, peak LR 5e-4 x batch / 256 (the linear scaling rule, Goyal et
+# al. 2017), layer-wise LR decay 0.75, label smoothing 0.1, warmup 5 epochs. One ratio stands in
+# for the layer-wise decay (the backbone's LR a tenth of the head's: 0.75^8, two-thirds of the
+# way down a 12-block ViT-B), and the new head first learns on frozen features for an epoch, the
+# order of LP-FT (Kumar et al. 2022, "Fine-Tuning can Distort Pretrained Features and
+# Underperform Out-of-Distribution": a random head's gradients distort the features). From
+# scratch, every weight is new: one LR for all, the example's.
+FINETUNE_BASE_LR = 5e-4  # per 256 images of the global batch
+FINETUNE_BACKBONE_LR_RATIO = 0.1
+FINETUNE_FROZEN_EPOCHS = 1
+FINETUNE_CITATION = "He et al. 2022, MAE, Appendix A.1, Table 9"
+
+
+@dataclass(frozen=True)
+class BackboneRecipe:
+    """How a timm backbone trains: the batch, peak LR (the head's) and warmup (`recipe`), the
+    backbone's LR as a share of the head's and its frozen epochs, each with its reason."""
+
+    recipe: Recipe
+    backbone_lr_ratio: float
+    freeze_backbone_epochs: int
+    reasons: dict[str, str]
+
+
+def backbone_recipe(fine_tune: bool, world_size: int) -> BackboneRecipe:
+    """The recipe of a timm backbone over `world_size` processes at the example's batch of
+    DIGITS_RECIPE.sequences images per process: MAE's fine-tuning recipe where `fine_tune`
+    (pretrained weights are given), else the example's (comment above)."""
+    batch = DIGITS_RECIPE.sequences * world_size
+    if not fine_tune:
+        return BackboneRecipe(
+            DIGITS_RECIPE,
+            1.0,
+            0,
+            {
+                "backbone_lr_ratio": "a backbone from scratch has no features to protect; "
+                "one learning rate for every weight",
+                "freeze_backbone_epochs": "frozen random features teach the head nothing",
+            },
+        )
+    lr = float(_number(FINETUNE_BASE_LR * batch / 256))
+    recipe = Recipe(
+        "MAE's fine-tuning",
+        FINETUNE_CITATION,
+        DIGITS_RECIPE.sequences,
+        True,
+        lr,
+        DIGITS_RECIPE.warmup_steps,
+        notes=(
+            (
+                "lr",
+                f"MAE's fine-tuning peak {_number(FINETUNE_BASE_LR)} x {batch} images / 256 "
+                f"(the linear scaling rule; {FINETUNE_CITATION}), the new head's",
+            ),
+            (
+                "warmup_steps",
+                "the example's 40 steps: MAE warms up over 5 epochs, and the plan does not "
+                "know an epoch's steps (set it once your data is prepared)",
+            ),
+        ),
+    )
+    return BackboneRecipe(
+        recipe,
+        FINETUNE_BACKBONE_LR_RATIO,
+        FINETUNE_FROZEN_EPOCHS,
+        {
+            "backbone_lr_ratio": "the pretrained backbone at a tenth of the head's LR, for MAE's "
+            f"layer-wise decay of 0.75 ({FINETUNE_CITATION}): 0.75^8 ~ 0.1",
+            "freeze_backbone_epochs": "the new head learns on frozen features first, LP-FT's "
+            "order (Kumar et al. 2022): a random head's gradients would distort them",
+        },
+    )
+
+
 HOST_WORDS = {"cpu": "a CPU", "mps": "an Apple GPU (MPS)"}
 
 

@@ -14,7 +14,7 @@ RENDERS: dict[str, tuple[str, ...]] = {
     "task": ("image-classification", "language-model"),
     "hardware": ("cpu", "cuda", "mps"),
     "gpu_arch": ("hopper", "ampere", "volta-turing", "none"),
-    "model_family": ("gpt2", "llama"),
+    "model_family": ("auto", "gpt2", "llama", "cnn", "timm"),
     "finetune": ("auto", "full", "lora"),
     "framework": ("pytorch", "fabric", "accelerate"),
     "precision": ("auto", "fp32", "bf16", "fp16"),

@@ -10,7 +10,8 @@ CPU = {"hardware": "cpu", "gpu_arch": "none", "gpus_per_node": 1, "num_nodes": 1
 CPU |= {"gpu_memory_gb": 0.0, "host_memory_gb": 16.0}
 MPS = {**CPU, "hardware": "mps"}
 COMMON = {"task": "image-classification", "framework": "pytorch", "strategy": "single"}
-COMMON |= {"model_size": "100K", "model_family": "gpt2", "init_from": "", "compile": False}
+COMMON |= {"model_size": "100K", "model_family": "auto", "init_from": "", "compile": False}
+COMMON |= {"backbone": "", "image_size": 224}
 COMMON |= {"finetune": "auto"}
 
 CUDA_AMPERE = {"hardware": "cuda", "gpu_arch": "ampere", "gpus_per_node": 1, "num_nodes": 1}

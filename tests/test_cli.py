@@ -319,8 +319,8 @@ DOWN, UP, BACKSPACE = "\x1b[B", "\x1b[A", "\x7f"
 
 
 def test_interactive_prompts_with_a_pseudo_terminal(tmp_path):
-    """Drive questionary through a real pty as a user would: back from the hardware question
-    to the task and on, CUDA on 2 GPUs (back from the node count to change them), absurd GPU
+    """Drive questionary through a real pty as a user would: an unknown timm backbone (refused
+    under the prompt), back from the hardware question to the task and on, CUDA on 2 GPUs (back from the node count to change them), absurd GPU
     memory and a model too large for the digits example first (each refused under the
     prompt), bf16, and `auto` for the strategy, which shows what it picks; choices that cannot
     work are shown as not available, with the reason. The plan is printed once."""
@@ -341,8 +341,13 @@ def test_interactive_prompts_with_a_pseudo_terminal(tmp_path):
     child.expect("Project name")
     answer("'← back' in a list or < typed goes back")  # told at the first question
     answer("Example task")
+    answer("Image model: a timm backbone", "resnet_nope")
+    child.expect("is not a timm model")  # refused where it was typed
+    child.send(BACKSPACE * 11 + "\r")  # empty: the example's CNN
     answer("Hardware", UP)  # cpu -> (wraps around to) ← back
+    answer("Image model: a timm backbone", "<")  # asked again; back once more
     answer("Example task")  # asked again
+    answer("Image model: a timm backbone")
     answer("Hardware", DOWN)  # cpu -> cuda
     child.expect("GPU architecture")
     # `none` is listed, as information, not selectable.

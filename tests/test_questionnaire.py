@@ -63,12 +63,41 @@ def test_back_returns_to_the_previous_question_offering_its_answer(monkeypatch):
 def test_the_first_question_asked_offers_no_back(monkeypatch):
     """`script` fails if BACK is answered where `first` is set: back to the task, and the task
     is the first question asked again (the image task is not asked for a model folder)."""
-    asked = script(monkeypatch, ["language-model", BACK, "image-classification", "cpu", 16.0] + [
-        "100K", "pytorch", "auto", "auto", False])  # fmt: skip
+    asked = script(monkeypatch, ["language-model", BACK, "image-classification", "", "cpu"] + [
+        16.0, "100K", "pytorch", "auto", "auto", False])  # fmt: skip
     answers = ask({"project_name": "demo"}, {})
-    assert [key for key, _ in asked][:4] == ["task", "init_from", "task", "hardware"]
+    assert [key for key, _ in asked][:5] == ["task", "init_from", "task", "backbone", "hardware"]
     assert asked[2] == ("task", "language-model")
     assert answers["task"] == "image-classification"
+
+
+def test_an_image_backbone_is_asked_its_weights_and_image_size_not_a_model_size(monkeypatch):
+    """The image task asks for a timm backbone; one answered asks what it starts from and the
+    crop it sees, and not model_size or model_family (the backbone's own); none asks neither
+    (the example's CNN is sized by model_size)."""
+    replies = ["image-classification", "resnet18", "", 160, "cpu", 16.0, "pytorch", "auto"]
+    asked = script(monkeypatch, [*replies, "auto", False])
+    answers = ask({"project_name": "demo"}, {})
+    keys = [key for key, _ in asked]
+    assert keys[:4] == ["task", "backbone", "init_from", "image_size"]
+    assert "model_size" not in keys and "model_family" not in keys
+    assert (answers["backbone"], answers["image_size"]) == ("resnet18", 160)
+    asked = script(monkeypatch, ["image-classification", "", "cpu", 16.0, "100K", "pytorch"] + [
+        "auto", "auto", False])  # fmt: skip
+    keys = [key for key, _ in asked] if ask({"project_name": "demo"}, {}) else []
+    assert "model_size" in keys and not {"init_from", "image_size"} & set(keys)
+
+
+def test_a_backbone_answer_is_checked_as_it_is_typed():
+    """The refusals training makes, made under the prompt: an unknown backbone, a crop below
+    its output stride, a language model's family for an image."""
+    known = {"project_name": "demo", "task": "image-classification"}
+    refusal = questionnaire._refusal(QUESTION_BY_KEY["backbone"], "resnet_nope", known, False)
+    assert refusal and "resnet_nope" in refusal
+    known["backbone"] = "resnet18"
+    refusal = questionnaire._refusal(QUESTION_BY_KEY["image_size"], "16", known, False)
+    assert refusal and "at least 32" in refusal
+    assert questionnaire._refusal(QUESTION_BY_KEY["image_size"], "64", known, False) is None
 
 
 def test_one_cpu_process_says_a_distributed_strategy_adds_nothing_not_out_of_memory():
