@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,15 @@ def test_init_from_refusals(tmp_path: Path) -> None:
     path = write_safetensors(tmp_path / "tiny.safetensors", shapes_of(TINY, {}))
     with pytest.raises(AnswerError, match="does not name its model"):
         weights_backbone(str(path), "")
+
+
+def test_torch_file_without_torch_is_not_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    path = tmp_path / "resnet18.pth"
+    path.write_bytes(b"not read")
+    assert weights_backbone(str(path), "resnet18") == ("resnet18", 11_176_512)
 
 
 def test_activations_scale_with_pixels_and_micro_batch() -> None:
