@@ -7,7 +7,7 @@ The data are shipped in `scaffold/data/` and written by `bench/backbones.py` in 
 with timm: `timm_models.json` (every `timm.list_models()` name built on the meta device) and
 `backbone_activations.json` (the bytes autograd saves per 224-pixel image, measured for a few
 backbones in fp32 and under CPU autocast bf16). A backbone that was not measured borrows the
-row of the measured backbone of its family nearest in parameters (`nearest_measured`).
+row of the measured backbone of its family nearest in size (`nearest_measured`), scaled.
 """
 
 from __future__ import annotations
@@ -227,15 +227,28 @@ def weights_backbone(init_from: str, backbone: str) -> tuple[str, int]:
 
 def nearest_measured(info: BackboneInfo) -> tuple[str, bool]:
     """The measured row a backbone's activations come from, and whether it is of its family:
-    its own; else the measured backbone of its family nearest in parameters (log scale); else
-    the measured backbone nearest in parameters overall."""
+    its own; else the measured backbone of its family nearest in parameters and pooled width
+    (`measured_distance`); else the nearest measured backbone overall."""
     rows = measured_rows()["rows"]
     if info.name in rows:
         return info.name, True
     family = [name for name in rows if family_of(name) == info.family]
     pool = family or list(rows)
-    nearest = min(pool, key=lambda name: abs(math.log(info.params / rows[name]["params"])))
+    nearest = min(pool, key=lambda name: measured_distance(info, name))
     return nearest, bool(family)
+
+
+def measured_distance(info: BackboneInfo, measured: str) -> float:
+    """How far backbone `info` is from measured backbone `measured`: the log ratio of their
+    parameters plus that of their pooled features (num_features, the last stage's width).
+    Width matters: ResNet-34 (21.3M parameters, 512 features, basic blocks) is nearer
+    ResNet-18 (11.2M, 512) than ResNet-50 (23.5M, 2048, bottlenecks), whose activations per
+    parameter are three times as many."""
+    row = measured_rows()["rows"][measured]
+    width = backbone_info(measured).num_features
+    return abs(math.log(max(info.params, 1) / row["params"])) + abs(
+        math.log(max(info.num_features, 1) / width)
+    )
 
 
 def resample(values: list[int], count: int, extensive: bool) -> list[float]:
@@ -306,13 +319,18 @@ class BackboneShape:
 
     @property
     def scale(self) -> float:
-        """The measured row's factor for this backbone, pixels aside: 1 for its own row, else
-        the square root of the parameter ratio. Saved activations grow with depth as the
-        parameters do and with width as their square root; the root is the geometric middle
-        (ViT-S to ViT-B: x2 for 4x the parameters, as measured; ResNet-18 to -34: x1.4)."""
+        """The measured row's factor for this backbone, pixels aside: 1 for its own row. Saved
+        activations per image grow as depth x width, parameters as depth x width^2: so within
+        a family (blocks alike, pooled width tracking the blocks' width) the parameter ratio
+        over the width ratio (num_features; ResNet-18 to -34: x1.90, ViT-S to ViT-B: x2.0, both
+        as measured). Across families widths are not comparable: the square root of the
+        parameter ratio, the middle of depth scaling (x ratio) and width scaling (x root)."""
         if self.measured == self.info.name:
             return 1.0
-        return math.sqrt(self.info.params / measured_rows()["rows"][self.measured]["params"])
+        params = self.info.params / measured_rows()["rows"][self.measured]["params"]
+        if not self.same_family:
+            return math.sqrt(params)
+        return params * backbone_info(self.measured).num_features / self.info.num_features
 
     def provenance(self) -> str:
         """One line: which measured row the activations are, and how it was scaled."""
@@ -324,17 +342,18 @@ class BackboneShape:
                 f"activations: {self.info.name}'s own row, measured at {MEASURED_PIXELS} px "
                 f"({where}), {pixels}"
             )
+        rule = "over the width ratio" if self.same_family else "square root"
         whose = (
-            f"the measured {self.info.family} backbone nearest in parameters"
+            f"the measured {self.info.family} backbone nearest in parameters and width"
             if self.same_family
             else f"no {self.info.family} backbone measured: the measured backbone nearest in "
-            "parameters"
+            "parameters and width"
         )
         return (
             f"activations: estimated from {self.measured} ({whose}, measured at "
             f"{MEASURED_PIXELS} px, {where}), {pixels} and x{self.scale:.2f} for "
             f"{size_label(self.info.params)} against "
-            f"{size_label(rows['rows'][self.measured]['params'])} parameters (square root)"
+            f"{size_label(rows['rows'][self.measured]['params'])} parameters ({rule})"
         )
 
     def activations(
