@@ -1,6 +1,8 @@
 """The image backbones' tables that scaffold ships as data (it needs neither torch nor timm to
-plan): `python bench/backbones.py [--models] [--activations] [--only NAME ...]` in an
-environment with torch and timm (.venv-vision). Without flags both tables are written.
+plan): `python bench/backbones.py [--models] [--activations] [--only NAME ...] [--smoke]` in
+an environment with torch and timm (.venv-vision). Without flags both tables are written.
+`--smoke` writes both for SMOKE_NAMES into a temporary folder and prints them: a check that the
+script still runs, the shipped tables untouched.
 
 - scaffold/data/timm_models.json (`--models`): every name in `timm.list_models()`, built on the
   meta device with num_classes=0 as the rendered `backbone.py` builds it (`TimmClassifier`):
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,6 +46,7 @@ MEASURED = (
     "vit_base_patch16_224",
     "vit_large_patch16_224",
 )
+SMOKE_NAMES = ("resnet10t", "test_convnext")
 IMAGE_SIZE = 224
 BATCHES = (2, 4)  # the per-image figures are the slope between these two batch sizes
 CLASSES = 10  # the head measured; scaffold adds the class count's own part
@@ -85,8 +89,9 @@ def model_row(name: str) -> list:
     ]
 
 
-def write_models(names: list[str]) -> None:
-    """Build every model on meta; write timm_models.json (a model that fails is skipped)."""
+def write_models(names: list[str], data: Path = DATA) -> Path:
+    """Build every model on meta; write timm_models.json into `data` (a model that fails is
+    skipped); its path."""
     models, skipped = {}, {}
     start = time.time()
     for index, name in enumerate(names):
@@ -96,12 +101,13 @@ def write_models(names: list[str]) -> None:
             skipped[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
         if index % 100 == 0:
             print(f"{index}/{len(names)} {time.time() - start:.0f} s", file=sys.stderr, flush=True)
-    path = DATA / "timm_models.json"
+    path = data / "timm_models.json"
     text = json.dumps(
         {"timm": timm.__version__, "skipped": skipped, "models": models}, separators=(",", ":")
     )
     path.write_text(text + "\n")
     print(f"{path}: {len(models)} models, {len(skipped)} skipped, {len(text):,} bytes")
+    return path
 
 
 class Saved:
@@ -211,9 +217,10 @@ def measure_row(name: str) -> dict:
     return row
 
 
-def write_activations(names: list[str]) -> None:
-    """Measure `names` and write backbone_activations.json (rows already there are kept)."""
-    path = DATA / "backbone_activations.json"
+def write_activations(names: list[str], data: Path = DATA) -> Path:
+    """Measure `names` and write backbone_activations.json into `data` (rows already there are
+    kept); its path."""
+    path = data / "backbone_activations.json"
     table = json.loads(path.read_text()) if path.is_file() else {"rows": {}}
     table.update(
         timm=timm.__version__,
@@ -227,6 +234,7 @@ def write_activations(names: list[str]) -> None:
         table["rows"][name] = measure_row(name)
         path.write_text(json.dumps(table, indent=1) + "\n")
     print(f"{path}: {len(table['rows'])} rows")
+    return path
 
 
 def main() -> None:
@@ -234,10 +242,18 @@ def main() -> None:
     parser.add_argument("--models", action="store_true", help="write timm_models.json")
     parser.add_argument("--activations", action="store_true", help="measure the MEASURED rows")
     parser.add_argument("--only", nargs="+", help="these names only")
+    parser.add_argument("--smoke", action="store_true", help="SMOKE_NAMES into a temporary folder")
     args = parser.parse_args()
+    if args.smoke:
+        with tempfile.TemporaryDirectory() as folder:
+            for path in (
+                write_models(list(SMOKE_NAMES), Path(folder)),
+                write_activations(list(SMOKE_NAMES[:1]), Path(folder)),
+            ):
+                print(path.read_text())
+        return
     both = not (args.models or args.activations)
     DATA.mkdir(exist_ok=True)
-    torch.set_num_threads(torch.get_num_threads())
     if args.models or both:
         write_models(args.only or timm.list_models())
     if args.activations or both:
