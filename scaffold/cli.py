@@ -226,42 +226,43 @@ def _print_next_steps(answers: Answers, dest: Path) -> None:
     for command in install_commands(answers):
         print(f"  {command}")
     print("  pytest")
-    launches = [preflight_command(answers), *launch_commands(answers)]
-    launches += project_commands(answers)
+    before, after = project_commands(answers)
+    launches = [*before, preflight_command(answers), *launch_commands(answers), *after]
     width = max(len(command) for command, _ in launches) + 2
     for command, what in launches:
         print(f"  {command:<{width}}# {what}")
 
 
-def project_commands(answers: Answers) -> list[tuple[str, str]]:
+def project_commands(
+    answers: Answers,
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """(command, what it does) for the project's commands beside training, as its README gives
-    them: prepare your own data, then use what trained (predict; or generate, chat, evaluate
-    and export), and the file that is yours for a timm backbone."""
+    them, those to run before training and those after: prepare your own data (before, for a
+    timm backbone: it trains on your images, not the digits), then use what trained (predict;
+    or generate, chat, evaluate and export), and the file that is yours for a timm backbone."""
     module = f"python -m {answers.package_name}"
-    if answers.task == "image-classification":
-        commands = [
-            (
-                f"{module}.prepare PHOTOS/ --out data/photos",
-                "your class folders (or a CSV) decoded into shards; train with "
-                "data_dir=data/photos",
-            ),
-            (f"{module}.predict IMAGE.jpg --run-dir RUN", "classifies with a trained run"),
+    if answers.task == "language-model":
+        return [], [
+            (f"{module}.prepare CORPUS/ --out data/mine", "your text (or chats) as token shards"),
+            (f'{module}.generate "PROMPT"', "samples from the trained run"),
+            (f"{module}.chat", "a conversation with a chat-trained run"),
+            (f"{module}.evaluate", "bits per byte on the validation split; --tasks: lm-eval"),
+            (f"{module}.export exported/", "a Hugging Face folder (transformers, vLLM)"),
         ]
-        if answers.model_family == "timm":
-            commands.append(
-                (
-                    "src/" + answers.package_name + "/backbone.py",
-                    f"yours: {answers.backbone}'s timm model and its new head",
-                )
-            )
-        return commands
-    return [
-        (f"{module}.prepare CORPUS/ --out data/mine", "your text (or chats) tokenized into shards"),
-        (f'{module}.generate "PROMPT"', "samples from the trained run"),
-        (f"{module}.chat", "a conversation with a chat-trained run"),
-        (f"{module}.evaluate", "bits per byte on the validation split; --tasks: lm-eval"),
-        (f"{module}.export exported/", "a Hugging Face folder (transformers, vLLM)"),
-    ]
+    prepare = (
+        f"{module}.prepare PHOTOS/ --out data/photos",
+        "your class folders (or a CSV) as shards; train with data_dir=data/photos",
+    )
+    predict = (f"{module}.predict IMAGE.jpg --run-dir RUN", "classifies with a trained run")
+    if answers.model_family != "timm":
+        return [], [prepare, predict]
+    yours = (f"src/{answers.package_name}/backbone.py", f"yours: {answers.backbone} and its head")
+    first = (
+        prepare[0],
+        'first (a backbone trains on your images): then set data_dir = "data/photos" in '
+        "configs/train.toml",
+    )
+    return [yours, first], [predict]
 
 
 def install_commands(answers: Answers) -> list[str]:

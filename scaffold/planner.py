@@ -137,9 +137,12 @@ class Plan:
         a, settings = self.answers, self.settings
         processes = f"{a.world_size} processes" if a.world_size > 1 else "one process"
         checkpointing = "on" if settings["activation_checkpointing"].value else "off"
+        model = (
+            f"backbone={a.backbone}" if a.model_family == "timm" else f"model_size={a.model_size}"
+        )
         lines = [
-            f"Plan for {a.task}, model_size={a.model_size}: {self.shape.params:,} parameters as "
-            f"rendered ({self.shape.describe()})",
+            f"Plan for {a.task}, {model}: {self.shape.params:,} parameters as rendered "
+            f"({self.shape.describe()})",
             *(f"  {reason}" for reason in self.reasons),
             *self._tokens_per_step(),
             f"Estimated memory per device ({a.precision}, {a.strategy} over {processes}, "
@@ -192,7 +195,7 @@ def plan(answers: Answers) -> Plan:
         )
     recipe = hardware_recipe(answers)
     shape = model_shape(answers, recipe)
-    if answers.init_from:
+    if answers.init_from and answers.task == "language-model":
         shape = read_hub_folder(answers.init_from, recipe.block_size)
         recipe = continued_training(recipe, shape)
     search = StrategySearch(answers, precision.value, shape, recipe)
@@ -445,7 +448,8 @@ def _image_model(answers: Answers) -> dict[str, Setting]:
         }
     chosen = backbone_recipe(bool(answers.init_from), answers.world_size)
     weights = (
-        "as answered: its weights, checked against the backbone's"
+        f"as answered: its weights hold {int(answers.model_size):,} parameters, "
+        f"{answers.backbone}'s less its classifier"
         if answers.init_from
         else "none: timm's random initialisation (answer init_from to fine-tune pretrained weights)"
     )

@@ -157,7 +157,7 @@ def backbone_recipe(fine_tune: bool, world_size: int) -> BackboneRecipe:
                 "freeze_backbone_epochs": "frozen random features teach the head nothing",
             },
         )
-    lr = float(_number(FINETUNE_BASE_LR * batch / 256))
+    lr = FINETUNE_BASE_LR * batch / 256
     recipe = Recipe(
         "MAE's fine-tuning",
         FINETUNE_CITATION,

@@ -342,7 +342,7 @@ def test_interactive_prompts_with_a_pseudo_terminal(tmp_path):
     answer("'← back' in a list or < typed goes back")  # told at the first question
     answer("Example task")
     answer("Image model: a timm backbone", "resnet_nope")
-    child.expect("is not a timm model")  # refused where it was typed
+    child.expect("is not a timm")  # refused where it was typed
     child.send(BACKSPACE * 11 + "\r")  # empty: the example's CNN
     answer("Hardware", UP)  # cpu -> (wraps around to) ← back
     answer("Image model: a timm backbone", "<")  # asked again; back once more

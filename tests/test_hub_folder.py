@@ -175,7 +175,7 @@ def test_answers_that_contradict_the_folder_are_refused(tmp_path):
     with pytest.raises(AnswerError, match="model_family gpt2 contradicts init_from"):
         build_answers(merge_sources(lm_answers(init_from=folder, model_family="gpt2")))
     image = {**VARIANTS["cpu-single-fp32"], "project_name": "demo", "init_from": folder}
-    with pytest.raises(AnswerError, match="init_from starts a language model"):
+    with pytest.raises(AnswerError, match="does not name its model"):
         plan(build_answers(merge_sources(image)))
 
 
