@@ -257,11 +257,7 @@ def project_commands(
     if answers.model_family != "timm":
         return [], [prepare, predict]
     yours = (f"src/{answers.package_name}/backbone.py", f"yours: {answers.backbone} and its head")
-    first = (
-        prepare[0],
-        'first (a backbone trains on your images): then set data_dir = "data/photos" in '
-        "configs/train.toml",
-    )
+    first = (prepare[0], "first: a backbone trains on your images (data_dir in train.toml)")
     return [yours, first], [predict]
 
 

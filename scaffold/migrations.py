@@ -97,6 +97,14 @@ NOTES: dict[str, str] = {
         "the new samples_per_epoch and trained_parameters. Checkpoints of 0.5 resume as they "
         "are"
     ),
+    "0.7.0": (
+        "scaffold's answers gain the image model: backbone (a timm model), image_size and "
+        "init_from (its weights), planned from the backbone's own memory; scaffold update "
+        "--data backbone=resnet50 --data init_from=W re-plans an image project for one. The "
+        "image_size and model_family lines of configs/train.toml now say where the plan took "
+        "them from, and the image tests pin the digits' CNN whatever train.toml names. "
+        "Checkpoints of 0.6 resume as they are"
+    ),
 }
 
 # version → {old path: new path}, relative to the project; "{package}" is the package's name.

@@ -434,6 +434,9 @@ def _settings(answers: Answers, recipe: Recipe, chosen: Fit) -> dict[str, Settin
     return settings
 
 
+BACKBONE_DATA_DIR = "data/photos"  # where a backbone's plan expects the prepared images
+
+
 def _image_model(answers: Answers) -> dict[str, Setting]:
     """The image model's settings: the example's CNN, or a timm backbone with the weights it
     starts from, its image size and how its LR and frozen epochs follow its recipe
@@ -441,6 +444,7 @@ def _image_model(answers: Answers) -> dict[str, Setting]:
     if answers.model_family != "timm":
         cnn = "the example's CNN (model.py), sized by model_size; backbone=NAME plans a timm one"
         return {
+            "data_dir": Setting("", "the bundled digits; prepare your images and name them here"),
             "model_family": Setting("cnn", cnn),
             "image_size": Setting(
                 answers.image_size, "as answered (prepared images; the digits are 8x8)"
@@ -453,7 +457,11 @@ def _image_model(answers: Answers) -> dict[str, Setting]:
         if answers.init_from
         else "none: timm's random initialisation (answer init_from to fine-tune pretrained weights)"
     )
+    prepare = f"python -m {answers.package_name}.prepare PHOTOS/ --out {BACKBONE_DATA_DIR}"
     return {
+        "data_dir": Setting(
+            BACKBONE_DATA_DIR, f"a backbone trains on your images, not the digits: {prepare}"
+        ),
         "model_family": Setting("timm", f"as answered: backbone {answers.backbone}"),
         "backbone": Setting(answers.backbone, "as answered (backbone.py builds it with timm)"),
         "init_from": Setting(answers.init_from, weights),

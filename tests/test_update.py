@@ -18,9 +18,11 @@ from shared_renders import committed_project, copy_project
 
 from scaffold import __version__
 from scaffold.answers import build_answers, merge_sources
+from scaffold.backbones import backbone_info
 from scaffold.errors import ProjectError
 from scaffold.planner import plan
 from scaffold.samples import render_variant
+from scaffold.update import updated_plan
 from scaffold.variants import VARIANTS
 
 NEW_VERSION = "0.9.0"  # newer than the installed scaffold
@@ -791,3 +793,27 @@ def test_update_keeps_the_template_cache_where_scaffold_cache_dir_says(
         "_src_path: ~/.cache/scaffold/template-repo"
         in (project / ".copier-answers.yml").read_text()
     ), "the project's answers stay the same on every machine"
+
+
+def test_an_image_project_of_an_earlier_release_updates_to_a_backbone_and_back():
+    """Releases before 0.7.0 recorded the language model's gpt2 as an image project's family,
+    and no backbone: the update plans the CNN it renders. `--data backbone=...` re-plans it for
+    a timm backbone (its size the backbone's), and an empty backbone back to the CNN (not at
+    the backbone's size)."""
+    recorded = {**VARIANTS["cpu-single-fp32"], "project_name": "x", "model_family": "gpt2"}
+    recorded = {
+        key: value for key, value in recorded.items() if key not in ("backbone", "image_size")
+    }
+    assert updated_plan(recorded, {}).answers.model_family == "cnn"
+    planned = updated_plan(recorded, {"backbone": "resnet18"}).answers
+    assert (planned.model_family, planned.model_size) == (
+        "timm",
+        str(backbone_info("resnet18").params),
+    )
+    timm = {
+        **recorded,
+        **{"model_family": "timm", "backbone": "resnet18"},
+        "model_size": planned.model_size,
+    }
+    planned = updated_plan(timm, {"backbone": ""}).answers
+    assert (planned.model_family, planned.model_size) == ("cnn", "100K")
