@@ -423,3 +423,45 @@ def test_the_largest_decoder_is_refused_just_above_it():
     check({"task": "language-model", "model_size": str(largest.params)})
     with pytest.raises(AnswerError, match="96 blocks of width 32,768"):
         check({"task": "language-model", "model_size": str(largest.params + 1)})
+
+
+V100S = {"hardware": "cuda", "gpu_arch": "volta-turing", "gpu_memory_gb": 16, "host_memory_gb": 256}
+
+
+def test_a_backbone_is_planned_as_the_decoder_is_from_its_own_memory():
+    """A ViT-L at 224 px on one 16 GiB GPU: its state (304M parameters x 16 bytes, 4.5 GiB)
+    fits, 64 images of activations do not, so the micro-batch shrinks and accumulation makes
+    up the example's 64; a ViT-H on eight 8 GiB GPUs: its state (632M x 16 bytes, 9.4 GiB)
+    fits none of them whole, so the model is sharded over them, one unit per block."""
+    vit_l = plan(answers(backbone="vit_large_patch16_224", precision="fp32", **V100S))
+    micro = vit_l.settings["micro_batch_size"].value
+    assert micro < 64 and micro * vit_l.settings["grad_accum_steps"].value == 64
+    assert vit_l.estimate.peak <= vit_l.usable and vit_l.answers.strategy == "single"
+    assert model_state(vit_l.estimate) == 16 * vit_l.shape.params
+    eight = {**V100S, "gpus_per_node": 8, "gpu_memory_gb": 8, "precision": "fp32"}
+    vit_h = plan(answers(backbone="vit_huge_patch14_224", **eight))
+    assert vit_h.answers.strategy == "fsdp2" and len(vit_h.shape.unit_params) == 32
+    assert "does not fit one GPU" in vit_h.strategy.reason
+
+
+def test_a_backbones_recipe_follows_its_weights(tmp_path):
+    """Scratch: one LR for every weight and no frozen epochs; the same backbone fine-tuned from
+    a weights file: MAE's LR for its batch, the backbone at a tenth of it, one frozen epoch,
+    each with its source."""
+    from test_backbones import shapes_of, write_safetensors
+
+    scratch = plan(answers(backbone="test_convnext", image_size=32)).settings
+    assert (scratch["backbone_lr_ratio"].value, scratch["freeze_backbone_epochs"].value) == (1.0, 0)
+    weights = write_safetensors(tmp_path / "w.safetensors", shapes_of("test_convnext", {}))
+    tuned = plan(answers(backbone="test_convnext", image_size=32, init_from=str(weights)))
+    settings = tuned.settings
+    assert (settings["backbone_lr_ratio"].value, settings["freeze_backbone_epochs"].value) == (
+        0.1,
+        1,
+    )
+    assert settings["lr"].value == pytest.approx(5e-4 * 64 / 256)
+    assert (
+        "He et al. 2022" in settings["lr"].source
+        and "LP-FT" in settings["freeze_backbone_epochs"].source
+    )
+    assert settings["init_from"].value == str(weights.resolve())
