@@ -37,8 +37,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import Config, parse_param_count
-from .corpus import MANIFEST
-from .data import NUM_CLASSES, PLANNED_VOCABULARY, input_spec
+from .corpus import MANIFEST, TOKENIZER_FILE
+from .data import NUM_CLASSES, PLANNED_VOCABULARY, corpus_vocabulary, input_spec
 from .hub import Architecture, GPT2Shape, HubWeights, read_architecture
 from .models import (
     KVCache,
@@ -286,7 +286,8 @@ def model_architecture(config: Config) -> Architecture:
     Raises:
         ValueError: init_from is no model folder this project can hold (hub/architecture.py),
             of another family than `model_family`, its vocabulary is not a NUM_CLASSES you
-            set, or its context is shorter than `block_size`; or `input_spec`'s refusal.
+            set or is smaller than the prepared corpus's, or its context is shorter than
+            `block_size`; or `input_spec`'s refusal.
     """
     if config.init_from:
         folder = config.init_from
@@ -301,6 +302,13 @@ def model_architecture(config: Config) -> Architecture:
                 f"{folder} has a vocabulary of {architecture.vocab_size} tokens and data.py's "
                 f"NUM_CLASSES is {NUM_CLASSES}; set NUM_CLASSES = {architecture.vocab_size}, "
                 "or None to take the folder's"
+            )
+        corpus = corpus_vocabulary(config)
+        if corpus and corpus > architecture.vocab_size:
+            raise ValueError(
+                f"{config.data_dir}'s tokenizer has {corpus} tokens and {folder}'s model "
+                f"{architecture.vocab_size}; prepare it with the model's own tokenizer, "
+                f"--tokenizer {Path(folder) / TOKENIZER_FILE}"
             )
         if config.block_size > architecture.max_positions:
             raise ValueError(
