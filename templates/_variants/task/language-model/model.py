@@ -336,11 +336,11 @@ def scratch_architecture(config: Config, vocab_size: int) -> Architecture:
 def plan_change(config: Config) -> str | None:
     """What the data changed against the plan, in one line for the start of a run; None where
     the vocabulary is PLANNED_VOCABULARY, or `init_from`'s folder decides it. The line says
-    where the vocabulary came from, the embedding's and head's parameters at it
-    and as planned, and whether the blocks were kept (a published shape) or resized to hold
-    `model_size`, e.g. "vocabulary 2,048 from data/mine/manifest.json (planned 50,304):
-    embedding and head 0.5M parameters instead of 12.9M; blocks widened from 4 x 128 to
-    4 x 224 to hold model_size 10M (10.0M parameters)".
+    where the vocabulary came from, the parameters of the embedding and head at it and as
+    planned, and whether the blocks were kept (a published shape) or resized to hold
+    `model_size` (`shape_for`), e.g. at block_size 256: "vocabulary 2,048 from
+    data/mine/manifest.json (planned 50,304): embedding and head 1.7M parameters instead of
+    9.7M; blocks widened from 4 x 96 to 4 x 416 to hold model_size 10M (10.1M parameters)".
 
     Raises:
         ValueError: see `data.input_spec`.
