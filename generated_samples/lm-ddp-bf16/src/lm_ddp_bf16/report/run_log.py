@@ -87,7 +87,7 @@ class RunLog:
         (`TrainState.world_size_changes`' and `data_changes`' entries; None where it made
         none); open the progress bar over the run's steps. The main process first prints
         what the prepared data changed against the plan, in one line, where the task's
-        `plan_change(config)` hook says (the language model's vocabulary)."""
+        `plan_change(config)` hook says (a vocabulary other than the planned one, say)."""
         hook = getattr(task, "plan_change", None)
         if self.runtime.is_main and hook is not None and (change := hook(self.config)):
             print(change, file=sys.stderr, flush=True)
