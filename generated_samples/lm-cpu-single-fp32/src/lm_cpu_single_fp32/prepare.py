@@ -151,7 +151,10 @@ def check_tokenizer_options(args: argparse.Namespace, tokenizer: str) -> None:
 def vocabulary_advice(vocab_size: int, num_classes: int | None, config: Config) -> str:
     """What the corpus's vocabulary means for the model: with NUM_CLASSES unset (None), the
     model takes it, and the shape `model_size` then builds (where model.py says:
-    `describe_shape`) against the planned one; with NUM_CLASSES set, whether it holds it."""
+    `describe_shape`) against the planned one; with NUM_CLASSES set, whether it holds it. A
+    model started from `init_from` keeps its folder's vocabulary."""
+    if config.init_from and num_classes is None:
+        return f"the vocabulary has {vocab_size} tokens; the model keeps {config.init_from}'s"
     if num_classes is None:
         advice = (
             f"the vocabulary has {vocab_size} tokens: the model takes it from the manifest "
