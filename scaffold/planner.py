@@ -53,7 +53,7 @@ from scaffold.shapes import DecoderShape, ModelShape
 @dataclass(frozen=True)
 class Setting:
     """One value the plan writes into configs/train.toml (the vocabulary: data.py's
-    NUM_CLASSES), and where it came from."""
+    PLANNED_VOCABULARY), and where it came from."""
 
     value: int | float | bool | str
     source: str

@@ -114,7 +114,7 @@ class Activations:
 @dataclass(frozen=True)
 class DecoderShape:
     """The example GPT (`ByteGPT`): `depth` pre-norm blocks of `width` channels in `heads`
-    attention heads over `block_size` tokens of a vocabulary of `vocab` (data.py's NUM_CLASSES);
+    attention heads over `block_size` tokens of a vocabulary of `vocab` (data.py's input_spec);
     the shard units are the blocks. `row`: the published decoder whose shape it is (`exact`) or
     whose depth and head size it takes.
 

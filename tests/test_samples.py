@@ -242,11 +242,11 @@ def test_a_7b_plan_renders_a_project_whose_config_a_user_could_launch(tmp_path):
         and ruff(project, "format", "--check").returncode == 0
     )
     toml = (project / "configs" / "train.toml").read_text()
-    vocabulary = planned.settings.pop("vocab_size")  # data.py's NUM_CLASSES, not a config key
+    vocabulary = planned.settings.pop("vocab_size")  # data.py's PLANNED_VOCABULARY, no config key
     for key, setting in planned.settings.items():
         assert f"# plan: {setting.source}\n{key} = {setting.as_toml()}" in toml, key
     data_py = (project / "src" / "llm" / "data.py").read_text()
-    assert f"NUM_CLASSES = {vocabulary.value}  # the vocabulary: {vocabulary.source}" in data_py
+    assert f"# {vocabulary.source}.\nPLANNED_VOCABULARY = {vocabulary.value}\n" in data_py
     script = (
         "import json; import torch; from llm.config import load_config; "
         "from llm.engine import build_on_meta; config = load_config('configs/train.toml'); "

@@ -77,7 +77,7 @@ def test_the_decoder_shape_is_the_rendered_models(params, block_size, vocab, mon
         if name.endswith("_") and not name.startswith("_"):
             monkeypatch.setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
     model_py = lm_model()
-    monkeypatch.setattr(model_py, "NUM_CLASSES", vocab)  # data.py's, as the planner renders it
+    monkeypatch.setattr(model_py, "PLANNED_VOCABULARY", vocab)  # as the planner renders it
     shape = decoder_for(params, block_size, vocab)
     assert model_py.shape_for(params, block_size) == (shape.depth, shape.width, shape.heads)
     with torch.device("meta"):

@@ -753,7 +753,7 @@ def test_a_new_model_size_merges_the_plan_into_train_toml_and_keeps_the_owners_v
     answers = {**VARIANTS["lm-cpu-single-fp32"], "model_size": "30M", "project_name": "lm"}
     planned = plan(build_answers(merge_sources(answers)))
     for key, setting in planned.settings.items():
-        if key not in ("tokenizer", "vocab_size"):  # the owner's; data.py's NUM_CLASSES
+        if key not in ("tokenizer", "vocab_size"):  # the owner's; data.py's PLANNED_VOCABULARY
             assert f"# plan: {setting.source}\n{key} = {setting.as_toml()}" in text, key
     assert values["model_size"] == "30M"
 

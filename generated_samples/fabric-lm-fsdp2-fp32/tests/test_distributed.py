@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from fabric_lm_fsdp2_fp32 import train as train_module
 from fabric_lm_fsdp2_fp32.checkpoint import find_latest, step_folder_name, step_folders
 from fabric_lm_fsdp2_fp32.config import load_config
-from fabric_lm_fsdp2_fp32.data import NUM_CLASSES, build_datasets
+from fabric_lm_fsdp2_fp32.data import PLANNED_VOCABULARY, build_datasets
 from fabric_lm_fsdp2_fp32.engine import COMPUTE_DTYPE
 from fabric_lm_fsdp2_fp32.hub import Architecture, hub_config
 from fabric_lm_fsdp2_fp32.model import build_model
@@ -449,7 +449,7 @@ def test_each_rank_imports_only_its_shards_of_a_model_folder(tmp_path, scratch):
     time and keeps its shard of each, so the gathered weights are the folder's and its peak
     resident memory grows by its half of the model plus about one full tensor being read."""
     depth = 8  # ~90M parameters: 360 MB in fp32, its largest tensor 11.5 MB
-    shape = LlamaShape(NUM_CLASSES, 1024, depth, 16, 4, 2816, max_positions=64)
+    shape = LlamaShape(PLANNED_VOCABULARY, 1024, depth, 16, 4, 2816, max_positions=64)
     folder = llama_folder(tmp_path / "model", shape)
     config = PROJECT_ROOT / "configs" / "train.toml"
     argv = ["--setup-only", str(config), str(tmp_path), *TEST_OVERRIDES]

@@ -26,7 +26,7 @@ from lm_cpu_single_fp32.chat import Conversation, talk
 from lm_cpu_single_fp32.chat import main as chat_main
 from lm_cpu_single_fp32.corpus import Codec, prepare
 from lm_cpu_single_fp32.corpus.chat import ChatTemplate, encode_example
-from lm_cpu_single_fp32.data import NUM_CLASSES
+from lm_cpu_single_fp32.data import PLANNED_VOCABULARY
 from lm_cpu_single_fp32.export import main as export_main
 from lm_cpu_single_fp32.generate import main as generate_main
 from lm_cpu_single_fp32.inference.decode import Decoder, Sampling
@@ -46,7 +46,7 @@ WORDS = "the cat sat on a mat and said hello how are you thanks fine good day 01
 
 
 def chat_tokenizer(path: Path) -> Tokenizer:
-    """A byte-level BPE of exactly NUM_CLASSES tokens with ChatML's special tokens, saved to
+    """A byte-level BPE of exactly PLANNED_VOCABULARY tokens with ChatML's special tokens, saved to
     `path` (tokenizer.json): the ids fill the model's vocabulary, so no id is padding."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -55,9 +55,9 @@ def chat_tokenizer(path: Path) -> Tokenizer:
         vocab_size=64, special_tokens=[END_OF_TEXT, TURN_START, TURN_END], show_progress=False
     )
     tokenizer.train_from_iterator([WORDS, "user assistant system\n"], trainer)
-    filler = NUM_CLASSES - tokenizer.get_vocab_size(with_added_tokens=True)
+    filler = PLANNED_VOCABULARY - tokenizer.get_vocab_size(with_added_tokens=True)
     tokenizer.add_special_tokens([f"<|unused{number}|>" for number in range(filler)])
-    assert tokenizer.get_vocab_size(with_added_tokens=True) == NUM_CLASSES
+    assert tokenizer.get_vocab_size(with_added_tokens=True) == PLANNED_VOCABULARY
     tokenizer.save(str(path))
     return tokenizer
 
@@ -65,7 +65,7 @@ def chat_tokenizer(path: Path) -> Tokenizer:
 def llama() -> torch.nn.Module:
     """Grouped-query attention (4 query heads on 2 key-value heads), an untied head."""
     config = LlamaConfig(
-        vocab_size=NUM_CLASSES,
+        vocab_size=PLANNED_VOCABULARY,
         hidden_size=64,
         intermediate_size=96,
         num_hidden_layers=2,
@@ -79,7 +79,9 @@ def llama() -> torch.nn.Module:
 
 
 def gpt2() -> torch.nn.Module:
-    config = GPT2Config(vocab_size=NUM_CLASSES, n_embd=64, n_layer=2, n_head=4, n_positions=CONTEXT)
+    config = GPT2Config(
+        vocab_size=PLANNED_VOCABULARY, n_embd=64, n_layer=2, n_head=4, n_positions=CONTEXT
+    )
     config.initializer_range = 0.1
     return GPT2LMHeadModel(config)
 
@@ -124,7 +126,7 @@ def test_greedy_decoding_is_transformers_token_for_token_past_the_training_conte
     folder = chat_folders[family]
     model, architecture = folder_model(folder, torch.device("cpu"))
     assert architecture.max_positions == CONTEXT > 2 * config.block_size
-    prompt = torch.randint(0, NUM_CLASSES, (config.block_size + 16,)).tolist()
+    prompt = torch.randint(0, PLANNED_VOCABULARY, (config.block_size + 16,)).tolist()
     decoder = Decoder(model, CONTEXT)
     ours = list(decoder.stream(prompt, 200, Sampling(temperature=0)))
     assert ours == greedy(folder, prompt, 200)
@@ -137,11 +139,11 @@ def test_cached_logits_equal_a_whole_forward_whatever_the_chunks(config, family)
     size, then one token at a time, give the logits of one pass over the whole sequence."""
     torch.manual_seed(0)
     if family == "llama":
-        shape = LlamaShape.from_scratch(NUM_CLASSES, 64, 2, 4, 40)
+        shape = LlamaShape.from_scratch(PLANNED_VOCABULARY, 64, 2, 4, 40)
         model = Llama(dataclasses.replace(shape, kv_heads=2)).eval()
     else:
         model = ByteGPT(64, 2, 2, 40).eval()
-    tokens = torch.randint(0, NUM_CLASSES, (1, 40))
+    tokens = torch.randint(0, PLANNED_VOCABULARY, (1, 40))
     cache = KVCache(2, 40)
     with torch.no_grad():
         whole = model(tokens)

@@ -20,7 +20,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from lm_cpu_single_fp32.corpus import Codec
 from lm_cpu_single_fp32.corpus.shards import END_OF_TEXT
-from lm_cpu_single_fp32.data import NUM_CLASSES, build_datasets
+from lm_cpu_single_fp32.data import PLANNED_VOCABULARY, build_datasets
 from lm_cpu_single_fp32.engine import PRECISION
 from lm_cpu_single_fp32.evaluate import HeldOutText, bits_per_byte, score
 from lm_cpu_single_fp32.evaluate.__main__ import main as evaluate_main
@@ -33,13 +33,14 @@ TEXT = "the cat sat on the mat; héllo wörld ✓ 0123\n"  # non-ASCII: bytes ar
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
-    """A tiny random Llama saved by transformers, with a byte-level BPE of NUM_CLASSES tokens."""
+    """A tiny random Llama saved by transformers, with a byte-level BPE of PLANNED_VOCABULARY
+    tokens."""
     folder = tmp_path_factory.mktemp("llama")
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=NUM_CLASSES,
+        vocab_size=PLANNED_VOCABULARY,
         special_tokens=[END_OF_TEXT],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
@@ -48,7 +49,7 @@ def folder(tmp_path_factory) -> Path:
     tokenizer.save(str(folder / "tokenizer.json"))
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=NUM_CLASSES,
+        vocab_size=PLANNED_VOCABULARY,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
@@ -104,7 +105,8 @@ def test_a_run_is_scored_on_its_validation_split_and_keeps_the_results(config, t
     figures = results["text"]["figures"]
     assert figures["bytes"] == figures["tokens"] and 3000 <= figures["bytes"] < 3000 + 64
     assert figures["bits_per_byte"] == pytest.approx(figures["loss"] / math.log(2))
-    assert figures["loss"] == pytest.approx(math.log(NUM_CLASSES), rel=0.05), "random weights"
+    random_weights = math.log(PLANNED_VOCABULARY)
+    assert figures["loss"] == pytest.approx(random_weights, rel=0.05), "random weights"
     kept = json.loads((run_dir / "eval.json").read_text())["model.safetensors"]["texts"]
     assert list(kept.values()) == [results["text"]]
     events = EventAccumulator(str(run_dir / "tensorboard" / "eval"))

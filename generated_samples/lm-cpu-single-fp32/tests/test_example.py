@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lm_cpu_single_fp32.config import parse_param_count
-from lm_cpu_single_fp32.data import NUM_CLASSES, build_datasets, stdlib_sources
+from lm_cpu_single_fp32.data import build_datasets, input_spec, stdlib_sources
 from lm_cpu_single_fp32.loader import make_train_loader
 from lm_cpu_single_fp32.model import ByteGPT, build_model, shape_for
 from lm_cpu_single_fp32.runtime import init_runtime
@@ -25,7 +25,7 @@ def test_batch_shapes_and_dtypes(config):
     inputs, targets = next(iter(make_train_loader(train_set, config, init_runtime("cpu"))))
     assert inputs.shape == targets.shape == (config.micro_batch_size, config.block_size)
     assert inputs.dtype == targets.dtype == torch.int64
-    assert inputs.min() >= 0 and inputs.max() < NUM_CLASSES
+    assert inputs.min() >= 0 and inputs.max() < input_spec(config)[0]
     assert torch.equal(inputs[:, 1:], targets[:, :-1]), "targets are the next tokens"
     manifest = json.loads((Path(config.data_dir) / "manifest.json").read_text())
     assert manifest["source_bytes"] == config.corpus_bytes
@@ -100,14 +100,17 @@ def parameter_count(model: torch.nn.Module) -> int:
 def test_model_is_the_smallest_width_that_reaches_model_size(config):
     config = dataclasses.replace(config, model_family="gpt2")
     target = parse_param_count(config.model_size)
-    depth, width, heads = shape_for(target, config.block_size)
+    vocabulary = input_spec(config)[0]  # the test corpus's, whatever the plan
+    depth, width, heads = shape_for(target, config.block_size, vocabulary)
     head_dim, block_size = width // heads, config.block_size
     with torch.device("meta"):
         model = build_model(config)
-        assert parameter_count(model) == parameter_count(ByteGPT(width, depth, heads, block_size))
+        built = ByteGPT(width, depth, heads, block_size, vocab_size=vocabulary)
+        assert parameter_count(model) == parameter_count(built)
         assert model.blocks[0].attn.heads == heads
         assert parameter_count(model) >= target
-        smaller = ByteGPT(width - head_dim, depth, heads - 1, block_size) if heads > 1 else None
+        narrower = (width - head_dim, depth, heads - 1, block_size)
+        smaller = ByteGPT(*narrower, vocab_size=vocabulary) if heads > 1 else None
         assert smaller is None or parameter_count(smaller) < target
 
 

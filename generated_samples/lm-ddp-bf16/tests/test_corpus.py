@@ -11,6 +11,7 @@ import dataclasses
 import errno
 import gzip
 import json
+import math
 import os
 import pickle
 import shutil
@@ -26,9 +27,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import zstandard
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from torch import nn
 
+from lm_ddp_bf16 import data as user_data
+from lm_ddp_bf16 import model as user_model
 from lm_ddp_bf16.corpus import (
     MANIFEST,
     PIECE_CHARS,
@@ -46,10 +49,10 @@ from lm_ddp_bf16.corpus import (
     text_layout,
 )
 from lm_ddp_bf16.corpus import jobs as prepare_jobs
-from lm_ddp_bf16.data import build_datasets
+from lm_ddp_bf16.data import PLANNED_VOCABULARY, build_datasets, input_spec
 from lm_ddp_bf16.generate import main as generate_main
 from lm_ddp_bf16.inference.decode import generate
-from lm_ddp_bf16.model import build_model
+from lm_ddp_bf16.model import build_model, model_architecture, plan_change
 from lm_ddp_bf16.prepare import main
 from lm_ddp_bf16.runtime import init_runtime
 from lm_ddp_bf16.state_io import remove_stale_scratch
@@ -58,6 +61,7 @@ from lm_ddp_bf16.train import Trainer
 HINT = "run prepare"
 LINES = [f"line {n}: the quick brown fox {n % 7} jumps over the lazy dog\n" for n in range(400)]
 SMALL = Options(document_bytes=512, shard_tokens=4000)
+BPE_300 = dataclasses.replace(SMALL, tokenizer="bpe", vocab_size=300)
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +90,14 @@ def prepared(sources, tmp_path_factory) -> tuple[Path, Manifest]:
     """The sources prepared once with bytes, in shards of at most 4,000 tokens."""
     out = tmp_path_factory.mktemp("corpus") / "bytes"
     return out, prepare([str(sources)], out, SMALL)
+
+
+@pytest.fixture(scope="module")
+def prepared_bpe(sources, tmp_path_factory) -> tuple[Path, Manifest]:
+    """The sources prepared once with a byte-level BPE trained to 300 tokens: a vocabulary
+    other than the plan's (the bytes' 257, or a large model's 50,304)."""
+    out = tmp_path_factory.mktemp("corpus") / "bpe"
+    return out, prepare([str(sources)], out, BPE_300)
 
 
 def shard_tokens(out: Path, split: str) -> np.ndarray:
@@ -370,13 +382,12 @@ def test_a_full_disk_is_named_and_the_previous_corpus_kept(sources, tmp_path, mo
 
 
 def test_a_trained_bpe_is_deterministic_and_its_tokenizer_json_reproduces_it(
-    sources, prepared, tmp_path
+    sources, prepared, prepared_bpe, tmp_path
 ):
-    options = dataclasses.replace(SMALL, tokenizer="bpe", vocab_size=300)
-    first = prepare([str(sources)], tmp_path / "first", options)
-    second = prepare([str(sources)], tmp_path / "second", options)
+    out, first = prepared_bpe
+    second = prepare([str(sources)], tmp_path / "second", BPE_300)
     assert first.shards == second.shards and first.vocab_size == 300
-    named = tmp_path / "first" / "tokenizer.json"
+    named = out / "tokenizer.json"
     again = prepare(
         [str(sources)], tmp_path / "named", dataclasses.replace(SMALL, tokenizer=str(named))
     )
@@ -490,7 +501,7 @@ def jsonl_records(root: Path, count: int) -> Path:
 
 
 def test_a_run_refuses_no_corpus_a_changed_shard_and_a_larger_vocabulary(
-    config, prepared, tmp_path
+    config, prepared, tmp_path, monkeypatch
 ):
     out, manifest = prepared
     mine = dataclasses.replace(config, data_dir=str(tmp_path / "none"), prepare_example=False)
@@ -510,8 +521,44 @@ def test_a_run_refuses_no_corpus_a_changed_shard_and_a_larger_vocabulary(
     (changed / MANIFEST).write_text(big.to_json())
     tokens[0] -= 1
     tokens.tofile(shard)
-    with pytest.raises(ValueError, match="set NUM_CLASSES = 50257"):
-        build_datasets(dataclasses.replace(mine, data_dir=str(changed)))
+    larger = dataclasses.replace(mine, data_dir=str(changed))
+    assert input_spec(larger) == (50_257, (config.block_size,)), "the corpus's vocabulary"
+    monkeypatch.setattr(user_data, "NUM_CLASSES", 257)  # a NUM_CLASSES of the user's, too small
+    with pytest.raises(ValueError, match="set NUM_CLASSES = 50257, or None") as refused:
+        build_datasets(larger)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_corpus_of_another_vocabulary_trains_with_no_edit_and_the_start_says_so(
+    config, prepared_bpe, tmp_path, capsys, monkeypatch
+):
+    """With NUM_CLASSES unset the model takes the prepared corpus's vocabulary (its
+    manifest's), trains on it, and the start names the change against the plan in one line; a
+    NUM_CLASSES of the user's wins, and one below the corpus's is refused."""
+    out, manifest = prepared_bpe
+    assert manifest.vocab_size != PLANNED_VOCABULARY
+    run = dataclasses.replace(
+        config, data_dir=str(out), prepare_example=False, run_dir=str(tmp_path / "run")
+    )
+    summary = Trainer(dataclasses.replace(run, max_steps=1), init_runtime("cpu")).fit()
+    weights = load_file(tmp_path / "run" / "model.safetensors")
+    embedding = weights.get("token_embedding.weight", weights.get("model.embed_tokens.weight"))
+    assert embedding.shape[0] == manifest.vocab_size and summary["steps"] == 1
+    assert summary["expected_initial_loss"] == pytest.approx(math.log(manifest.vocab_size))
+    assert summary["initial_loss"] == pytest.approx(math.log(manifest.vocab_size), abs=0.15)
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "(planned " in line]
+    assert line.startswith(
+        f"vocabulary {manifest.vocab_size:,} from {out / MANIFEST} (planned "
+        f"{PLANNED_VOCABULARY:,}): embedding and head "
+    ), line
+    assert " instead of " in line and f"model_size {run.model_size} (" in line
+    for module in (user_data, user_model):  # a NUM_CLASSES of the user's, where both read it
+        monkeypatch.setattr(module, "NUM_CLASSES", manifest.vocab_size + 20)
+    assert model_architecture(run).vocab_size == manifest.vocab_size + 20
+    assert plan_change(run).startswith(f"vocabulary {manifest.vocab_size + 20} from NUM_CLASSES")
+    monkeypatch.setattr(user_data, "NUM_CLASSES", manifest.vocab_size - 1)
+    with pytest.raises(ValueError, match=f"set NUM_CLASSES = {manifest.vocab_size}, or None"):
+        build_model(run)
 
 
 def test_generate_continues_a_prompt_with_a_runs_weights_and_refuses_a_missing_run(

@@ -25,11 +25,13 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from lm_ddp_bf16 import data as user_data
+from lm_ddp_bf16 import model as user_model
 from lm_ddp_bf16.config import load_config
 from lm_ddp_bf16.corpus import Codec, prepare
 from lm_ddp_bf16.corpus.chat import ChatTemplate, encode_example
 from lm_ddp_bf16.corpus.shards import END_OF_TEXT
-from lm_ddp_bf16.data import NUM_CLASSES
+from lm_ddp_bf16.data import PLANNED_VOCABULARY
 from lm_ddp_bf16.engine import build_on_meta, materialize
 from lm_ddp_bf16.export import main as export_main
 from lm_ddp_bf16.hub import export_folder, read_architecture
@@ -53,7 +55,7 @@ from conftest import (
 ARCHITECTURES = {
     "llama": lambda: LlamaForCausalLM(
         LlamaConfig(
-            vocab_size=NUM_CLASSES,
+            vocab_size=PLANNED_VOCABULARY,
             hidden_size=64,
             intermediate_size=96,
             num_hidden_layers=2,
@@ -62,12 +64,12 @@ ARCHITECTURES = {
             max_position_embeddings=64,
             rope_theta=500_000.0,
             bos_token_id=None,
-            eos_token_id=NUM_CLASSES - 1,
+            eos_token_id=PLANNED_VOCABULARY - 1,
         )
     ),
     "qwen2": lambda: Qwen2ForCausalLM(
         Qwen2Config(
-            vocab_size=NUM_CLASSES,
+            vocab_size=PLANNED_VOCABULARY,
             hidden_size=64,
             intermediate_size=96,
             num_hidden_layers=2,
@@ -79,13 +81,13 @@ ARCHITECTURES = {
     ),
     "gpt2": lambda: GPT2LMHeadModel(
         GPT2Config(
-            vocab_size=NUM_CLASSES,
+            vocab_size=PLANNED_VOCABULARY,
             n_embd=64,
             n_layer=2,
             n_head=4,
             n_positions=64,
-            bos_token_id=NUM_CLASSES - 1,
-            eos_token_id=NUM_CLASSES - 1,
+            bos_token_id=PLANNED_VOCABULARY - 1,
+            eos_token_id=PLANNED_VOCABULARY - 1,
         )
     ),
 }
@@ -93,13 +95,13 @@ FAMILY = {"llama": "llama", "qwen2": "llama", "gpt2": "gpt2"}
 
 
 def byte_tokenizer(path: Path) -> None:
-    """A byte-level tokenizer.json of NUM_CLASSES tokens: the 256 bytes and end-of-text (no
+    """A byte-level tokenizer.json of PLANNED_VOCABULARY tokens: the 256 bytes and end-of-text (no
     merges), the project's vocabulary, in the format a Hub model's tokenizer has."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=NUM_CLASSES,
+        vocab_size=PLANNED_VOCABULARY,
         special_tokens=[END_OF_TEXT],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
@@ -142,7 +144,7 @@ def imported(config, folder: Path, family: str) -> torch.nn.Module:
 def test_an_imported_model_gives_transformers_logits(config, hub_folders, name):
     folder, reference = hub_folders[name]
     model = imported(config, folder, FAMILY[name])
-    tokens = torch.randint(0, NUM_CLASSES, (2, config.block_size))
+    tokens = torch.randint(0, PLANNED_VOCABULARY, (2, config.block_size))
     with torch.no_grad():
         ours, theirs = model(tokens), reference(tokens).logits
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
@@ -195,7 +197,7 @@ def test_a_run_from_an_import_exports_a_folder_transformers_loads_with_its_logit
     out = tmp_path / "export"
     export_main([str(out), "--run-dir", str(run_dir), "--weights", "model-last.safetensors"])
     loaded = AutoModelForCausalLM.from_pretrained(out).eval()
-    tokens = torch.randint(0, NUM_CLASSES, (2, trained.block_size))
+    tokens = torch.randint(0, PLANNED_VOCABULARY, (2, trained.block_size))
     with torch.no_grad():
         expected = model.eval()(tokens)
         torch.testing.assert_close(loaded(tokens).logits, expected, rtol=1e-5, atol=1e-5)
@@ -246,7 +248,7 @@ def test_a_model_from_scratch_exports_sharded_as_transformers_shards(config, tmp
     shards = sorted(set(index["weight_map"].values()))
     assert len(shards) > 1 and all(out / shard in files for shard in shards)
     loaded = AutoModelForCausalLM.from_pretrained(out).eval()
-    tokens = torch.randint(0, NUM_CLASSES, (2, config.block_size))
+    tokens = torch.randint(0, PLANNED_VOCABULARY, (2, config.block_size))
     with torch.no_grad():
         expected = model(tokens)
         torch.testing.assert_close(loaded(tokens).logits, expected, rtol=1e-5, atol=1e-5)
@@ -311,7 +313,7 @@ def test_a_lora_run_trains_its_adapters_only_resumes_bitwise_and_exports_for_pef
     assert folder_bytes(step) < (folder / "model.safetensors").stat().st_size
 
     model, _ = load_trained(straight, "model-last.safetensors", torch.device("cpu"))
-    tokens = torch.randint(0, NUM_CLASSES, (2, 16))
+    tokens = torch.randint(0, PLANNED_VOCABULARY, (2, 16))
     with torch.no_grad():
         expected = model.eval()(tokens)
         last = ["--run-dir", str(straight), "--weights", "model-last.safetensors"]
@@ -342,7 +344,7 @@ def test_a_lora_run_trains_its_adapters_only_resumes_bitwise_and_exports_for_pef
         load_config(PROJECT_ROOT / "configs" / "train.toml", ["finetune=lora"])
 
 
-def test_bad_model_folders_are_refused_in_one_line(config, hub_folders, tmp_path):
+def test_bad_model_folders_are_refused_in_one_line(config, hub_folders, tmp_path, monkeypatch):
     folder, _ = hub_folders["llama"]
 
     def refusal(broken: Path, family: str = "llama") -> str:
@@ -354,9 +356,9 @@ def test_bad_model_folders_are_refused_in_one_line(config, hub_folders, tmp_path
     assert "holds no config.json" in refusal(tmp_path)
     assert "does not exist" in refusal(tmp_path / "nowhere")
     larger = copy_folder(folder, tmp_path / "larger")
-    words = {f"w{i}": i for i in range(NUM_CLASSES + 10)}
+    words = {f"w{i}": i for i in range(PLANNED_VOCABULARY + 10)}
     Tokenizer(models.WordLevel(words, unk_token="w0")).save(str(larger / "tokenizer.json"))
-    assert f"has {NUM_CLASSES + 10:,} tokens and the model's embedding" in refusal(larger)
+    assert f"has {PLANNED_VOCABULARY + 10:,} tokens and the model's embedding" in refusal(larger)
     moe = copy_folder(folder, tmp_path / "moe")
     write_config(moe, model_type="mixtral", num_local_experts=8)
     assert "model_type 'mixtral' is not supported; supported: llama, mistral" in refusal(moe)
@@ -367,8 +369,16 @@ def test_bad_model_folders_are_refused_in_one_line(config, hub_folders, tmp_path
     write_config(scaled, rope_scaling={"rope_type": "llama3", "factor": 8.0})
     assert "rope scaling (llama3)" in refusal(scaled)
     wider = copy_folder(folder, tmp_path / "wider")
-    write_config(wider, vocab_size=NUM_CLASSES + 64)
-    assert f"set NUM_CLASSES = {NUM_CLASSES + 64}" in refusal(wider)
+    write_config(wider, vocab_size=PLANNED_VOCABULARY + 64)
+    wide = PLANNED_VOCABULARY + 64  # the folder keeps its own vocabulary, NUM_CLASSES unset
+    assert model_architecture(started_from(config, wider, "llama")).vocab_size == wide
+    for module in (user_data, user_model):  # a NUM_CLASSES of the user's, where both read it
+        monkeypatch.setattr(module, "NUM_CLASSES", PLANNED_VOCABULARY)
+    assert f"set NUM_CLASSES = {wide}, or None" in refusal(wider)
+    monkeypatch.setattr(user_model, "corpus_vocabulary", lambda _: PLANNED_VOCABULARY + 1)
+    corpus = f"tokenizer has {PLANNED_VOCABULARY + 1} tokens and {folder}'s model"
+    assert corpus in refusal(folder), "a corpus the folder's vocabulary cannot hold"
+    monkeypatch.undo()
     assert "model_family is gpt2" in refusal(folder, "gpt2")
     shape = copy_folder(folder, tmp_path / "shape")
     write_config(shape, intermediate_size=128)

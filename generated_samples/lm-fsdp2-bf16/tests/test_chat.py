@@ -19,7 +19,7 @@ from transformers import PreTrainedTokenizerFast
 from lm_fsdp2_bf16.corpus import IGNORE_INDEX, Codec, ExampleRows, prepare, read_manifest
 from lm_fsdp2_bf16.corpus.chat import ChatTemplate, encode_example
 from lm_fsdp2_bf16.corpus.examples import packed_rows
-from lm_fsdp2_bf16.data import NUM_CLASSES, build_datasets
+from lm_fsdp2_bf16.data import PLANNED_VOCABULARY, build_datasets
 from lm_fsdp2_bf16.engine import build_on_meta, materialize
 from lm_fsdp2_bf16.loader import make_train_loader
 from lm_fsdp2_bf16.runtime import init_runtime
@@ -62,7 +62,7 @@ def chat_tokenizer(folder: Path, template: str) -> Path:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=min(NUM_CLASSES, 160), special_tokens=SPECIALS, show_progress=False
+        vocab_size=min(PLANNED_VOCABULARY, 160), special_tokens=SPECIALS, show_progress=False
     )
     texts = [json.dumps(CONVERSATIONS, ensure_ascii=False), "[INST] [/INST] 2+4= France:\n"]
     tokenizer.train_from_iterator(texts * 20, trainer)
@@ -168,7 +168,8 @@ def test_packed_examples_do_not_attend_to_each_other_and_restart_their_positions
     model = materialize(build_on_meta(config), torch.device("cpu"), config.seed).eval()
     generator = torch.Generator().manual_seed(0)
     first, second, other = (
-        torch.randint(0, NUM_CLASSES, (n,), generator=generator).tolist() for n in (11, 9, 11)
+        torch.randint(0, PLANNED_VOCABULARY, (n,), generator=generator).tolist()
+        for n in (11, 9, 11)
     )
     b = slice(11, 20)  # the second example's positions
     with torch.no_grad():
@@ -192,7 +193,7 @@ def test_the_loss_is_the_replies_alone_and_user_turns_give_no_gradient(config, p
     config = dataclasses.replace(config, block_size=64)
     model = materialize(build_on_meta(config), torch.device("cpu"), config.seed)
     (tokens, documents), targets = rows[[0, 1, 2]]
-    assert vocab <= NUM_CLASSES and documents.max() > 1, "rows hold several examples"
+    assert vocab <= PLANNED_VOCABULARY and documents.max() > 1, "rows hold several examples"
 
     def gradients(loss_of) -> list[torch.Tensor]:
         model.zero_grad()

@@ -15,7 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from lm_fsdp2_bf16.corpus import prepare
 from lm_fsdp2_bf16.corpus.shards import END_OF_TEXT
-from lm_fsdp2_bf16.data import NUM_CLASSES
+from lm_fsdp2_bf16.data import PLANNED_VOCABULARY
 from lm_fsdp2_bf16.engine import PRECISION
 from lm_fsdp2_bf16.evaluate.__main__ import main as evaluate_main
 from lm_fsdp2_bf16.evaluate.harness import OFFLINE_ENV, _absolute_data_files, run_tasks
@@ -147,7 +147,7 @@ def test_a_run_trained_on_a_task_answers_it_where_its_base_model_guesses(tmp_pat
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=NUM_CLASSES,
+        vocab_size=PLANNED_VOCABULARY,
         special_tokens=[END_OF_TEXT],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
@@ -158,7 +158,7 @@ def test_a_run_trained_on_a_task_answers_it_where_its_base_model_guesses(tmp_pat
     fast.save_pretrained(base)
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=NUM_CLASSES,
+        vocab_size=PLANNED_VOCABULARY,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,

@@ -34,7 +34,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 TEST_SETTINGS: dict[str, object] = {"corpus_bytes": 30_000, "block_size": 32, "model_size": "30K"}
 # The tests' corpus, prepared by the first test that reads it (wherever a test runs from).
 # Byte tokens whatever the planned tokenizer: no BPE to train, and a corpus this small in bytes
-# still holds the validation batches the ladder reads (NUM_CLASSES holds them at any plan).
+# still holds the validation batches the ladder reads (the model takes its 257 tokens at any plan).
 TEST_SETTINGS |= {"data_dir": str(PROJECT_ROOT / "data" / "stdlib-tests"), "tokenizer": "bytes"}
 TEST_SETTINGS |= {"micro_batch_size": 32, "grad_accum_steps": 1, "lr": 2e-3, "warmup_steps": 50}
 TEST_SETTINGS |= {"activation_checkpointing": False}

@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 from lm_zero3_bf16 import train as train_module
 from lm_zero3_bf16.checkpoint import find_latest, step_folder_name, step_folders
 from lm_zero3_bf16.config import load_config
-from lm_zero3_bf16.data import NUM_CLASSES, build_datasets
+from lm_zero3_bf16.data import PLANNED_VOCABULARY, build_datasets
 from lm_zero3_bf16.engine import COMPUTE_DTYPE
 from lm_zero3_bf16.hub import Architecture, hub_config
 from lm_zero3_bf16.model import build_model
@@ -433,7 +433,7 @@ def test_a_lora_run_on_two_processes_resumes_bitwise(tmp_path, scratch):
     """LoRA under this sharding strategy: frozen and trainable parameters in one shard unit,
     checkpoints that hold the adapters (the base is init_from's), and a resume from the middle
     of the run that ends bitwise where the straight run ends."""
-    folder = llama_folder(tmp_path / "model", LlamaShape(NUM_CLASSES, 64, 2, 4, 2, 96, 64))
+    folder = llama_folder(tmp_path / "model", LlamaShape(PLANNED_VOCABULARY, 64, 2, 4, 2, 96, 64))
     lora = [f"init_from={folder}", "model_family=llama", "finetune=lora", "lora_rank=4"]
     lora += ["max_steps=4", "val_every=2", "checkpoint_every=2", "lr=0.01", "warmup_steps=1"]
     straight = tmp_path / "straight"
@@ -456,7 +456,7 @@ def test_each_rank_imports_only_its_shards_of_a_model_folder(tmp_path, scratch):
     time and keeps its shard of each, so the gathered weights are the folder's and its peak
     resident memory grows by its half of the model plus about one full tensor being read."""
     depth = 2  # DeepSpeed's set-up is slower: a smaller model shows the same reads
-    shape = LlamaShape(NUM_CLASSES, 1024, depth, 16, 4, 2816, max_positions=64)
+    shape = LlamaShape(PLANNED_VOCABULARY, 1024, depth, 16, 4, 2816, max_positions=64)
     folder = llama_folder(tmp_path / "model", shape)
     config = PROJECT_ROOT / "configs" / "train.toml"
     argv = ["--setup-only", str(config), str(tmp_path), *TEST_OVERRIDES]

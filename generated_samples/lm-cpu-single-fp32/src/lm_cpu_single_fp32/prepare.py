@@ -1,8 +1,8 @@
 """Tokenize text into token shards: `python -m lm_cpu_single_fp32.prepare SOURCES... [--out DIR]`.
 
 The command line of `corpus.prepare` (corpus/pipeline.py says what it reads, how, and what it
-writes), and what the corpus's vocabulary means for this project's model (NUM_CLASSES in
-data.py).
+writes), and what the corpus's vocabulary means for this project's model (which takes it
+where NUM_CLASSES in data.py is None).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from .config import Config, command_parser, load_config, user_errors
 from .corpus.chat import FORMATS
 from .corpus.pipeline import DOCUMENT_BYTES, Options, plural, prepare, stop_on_sigterm
 from .corpus.shards import BYTE_VOCABULARY, SPLITS, TOKENIZER_FILE, Manifest
-from .data import NUM_CLASSES
+from .data import NUM_CLASSES, PLANNED_VOCABULARY
 from .task_config import tokenizer_problem
 
 
@@ -63,7 +63,9 @@ def main(argv: list[str] | None = None) -> Manifest:
     )
     args = parser.parse_args(argv)
     # The model's vocabulary where it is a BPE's; a byte-level model's is no BPE to train.
-    vocab_size = args.vocab_size or (NUM_CLASSES if NUM_CLASSES > BYTE_VOCABULARY else 8192)
+    model_vocabulary = NUM_CLASSES or PLANNED_VOCABULARY
+    bpe = model_vocabulary if model_vocabulary > BYTE_VOCABULARY else 8192
+    vocab_size = args.vocab_size or bpe
     with user_errors():
         config = load_config(args.config, [])
         out = Path(args.out or config.data_dir)
@@ -146,29 +148,43 @@ def check_tokenizer_options(args: argparse.Namespace, tokenizer: str) -> None:
         )
 
 
-def vocabulary_advice(vocab_size: int, num_classes: int, config: Config) -> str:
-    """What the corpus's vocabulary means for the model (NUM_CLASSES in data.py): where it
-    must grow, and the shape `model_size` then builds (where model.py says: `describe_shape`)."""
-    if vocab_size < num_classes:
+def vocabulary_advice(vocab_size: int, num_classes: int | None, config: Config) -> str:
+    """What the corpus's vocabulary means for the model: with NUM_CLASSES unset (None), the
+    model takes it, and the shape `model_size` then builds (where model.py says:
+    `describe_shape`) against the planned one; with NUM_CLASSES set, whether it holds it. A
+    model started from `init_from` keeps its folder's vocabulary."""
+    if config.init_from and num_classes is None:
+        return f"the vocabulary has {vocab_size} tokens; the model keeps {config.init_from}'s"
+    if num_classes is None:
+        advice = (
+            f"the vocabulary has {vocab_size} tokens: the model takes it from the manifest "
+            "(NUM_CLASSES in data.py is None)"
+        )
+        planned = PLANNED_VOCABULARY
+    elif vocab_size < num_classes:
         return (
             f"the vocabulary has {vocab_size} tokens and the model {num_classes}: it trains as "
             "it is, the model's extra tokens padding that is never a target"
         )
-    if vocab_size == num_classes:
+    elif vocab_size == num_classes:
         return f"the vocabulary has {vocab_size} tokens, as the model (NUM_CLASSES in data.py)"
-    advice = (
-        f"the vocabulary has {vocab_size} tokens and the model {num_classes}: set NUM_CLASSES = "
-        f"{vocab_size} in data.py to train on it"
-    )
+    else:
+        advice = (
+            f"the vocabulary has {vocab_size} tokens and the model {num_classes}: set "
+            f"NUM_CLASSES = {vocab_size} (or None) in data.py to train on it"
+        )
+        planned = num_classes
+    if vocab_size == planned:
+        return f"{advice}, as planned"
     try:
         from .model import describe_shape
     except ImportError:  # a model.py of your own
         return advice
     return (
         f"{advice}; model_size={config.model_size} then builds "
-        f"{describe_shape(config, vocab_size)} (now {describe_shape(config, num_classes)}): a "
-        "larger vocabulary takes parameters from the blocks, and a small model wants a smaller "
-        "--vocab-size"
+        f"{describe_shape(config, vocab_size)} (at {planned}: "
+        f"{describe_shape(config, planned)}): a larger vocabulary takes parameters from the "
+        "blocks, and a small model wants a smaller --vocab-size"
     )
 
 

@@ -16,17 +16,37 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .config import Config
 from .corpus import IGNORE_INDEX, MANIFEST, ExampleRows, manifest_at
-from .data import NUM_CLASSES
+from .data import PLANNED_VOCABULARY, input_spec
 from .engine.mfu import model_flops_utilization
 from .runtime import Runtime, all_reduce_sum
 
-EXPECTED_INITIAL_LOSS = math.log(NUM_CLASSES)  # a uniform prediction's cross-entropy
+# A uniform prediction's cross-entropy over the planned vocabulary (`expected_initial_loss`: the
+# data's).
+EXPECTED_INITIAL_LOSS = math.log(PLANNED_VOCABULARY)
 # The validation metrics `validation_metrics` returns, and the direction in which each improves: the
 # names `monitor` may take, and those the log, the plot and the summary show.
 METRICS = {"val_loss": "min", "val_accuracy": "max"}
 # What `eval_sums` adds up over validation batches and ranks, in its order.
 SUMS = ("loss_sum", "correct", "count")
+
+
+def expected_initial_loss(config: Config) -> float:
+    """A uniform prediction's cross-entropy over the model's vocabulary (`data.input_spec`):
+    the initial loss of random weights."""
+    return math.log(input_spec(config)[0])
+
+
+def plan_change(config: Config) -> str | None:
+    """The line a run's start prints on what the prepared data changed against the plan (the
+    vocabulary, and with it the model's shape: model.py's `plan_change`); None where nothing
+    changed, or where model.py is one of your own that does not say."""
+    try:
+        from .model import plan_change as model_plan_change
+    except ImportError:  # a model.py of your own
+        return None
+    return model_plan_change(config)
 
 
 def counted_targets(targets: Tensor) -> Tensor:

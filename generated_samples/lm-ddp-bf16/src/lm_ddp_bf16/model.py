@@ -7,11 +7,12 @@ This file is yours: replace the model with your own; `scaffold update` leaves it
 rest of the project needs from it (`train.py` imports nothing else from here):
 
 - `build_model(config) -> nn.Module`, whose `forward(tokens)` maps int64 token ids `[B, T]`
-  (T <= `config.block_size`) to raw next-token logits, float `[B, T, NUM_CLASSES]` (no
-  softmax: the loss applies log-softmax itself). Start the logits near zero, so the initial
-  loss is ln(NUM_CLASSES), the sanity ladder's rung 2. For packed example data (`pack`),
-  `forward(tokens, documents)` too: int64 `[B, T]` example indices, within which alone each
-  position attends and from whose start it counts its position (models/packing.py).
+  (T <= `config.block_size`) to raw next-token logits, float `[B, T, vocabulary]` (the
+  vocabulary `data.input_spec` gives; no softmax: the loss applies log-softmax itself). Start
+  the logits near zero, so the initial loss is ln(vocabulary), the sanity ladder's rung 2.
+  For packed example data (`pack`), `forward(tokens, documents)` too: int64 `[B, T]` example
+  indices, within which alone each position attends and from whose start it counts its
+  position (models/packing.py).
 - `model.shard_units() -> list[nn.Module]`: the submodules a strategy that shards the model
   wraps one at a time (each is gathered whole only while it runs) and activation checkpointing
   recomputes one at a time; the transformer blocks.
@@ -36,7 +37,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import Config, parse_param_count
-from .data import NUM_CLASSES
+from .corpus import MANIFEST, TOKENIZER_FILE
+from .data import NUM_CLASSES, PLANNED_VOCABULARY, corpus_vocabulary, input_spec
 from .hub import Architecture, GPT2Shape, HubWeights, read_architecture
 from .models import (
     KVCache,
@@ -147,7 +149,7 @@ class Block(nn.Module):
 
 class ByteGPT(nn.Module):
     """Token ids `[B, T]` (int64, < vocab_size, T <= block_size) -> next-token logits
-    `[B, T, vocab_size]` (default NUM_CLASSES); transformers' `GPT2LMHeadModel` without tied
+    `[B, T, vocab_size]` (default PLANNED_VOCABULARY); transformers' `GPT2LMHeadModel` without tied
     embeddings (hub/names.py maps the names). Rows of packed examples come with their
     `documents` (int64 `[B, T]`, models/packing.py): each example attends to itself only, its
     positions counted from 0. With a `cache` (models/kv_cache.py; decoding), `tokens` follow
@@ -165,7 +167,7 @@ class ByteGPT(nn.Module):
         gelu_approximate: str = "none",
     ):
         super().__init__()
-        vocab_size = vocab_size or NUM_CLASSES
+        vocab_size = vocab_size or PLANNED_VOCABULARY
         self.token_embedding = nn.Embedding(vocab_size, width)
         self.position_embedding = nn.Embedding(block_size, width)
         self.blocks = nn.ModuleList(
@@ -217,7 +219,7 @@ def shape_for(params: int, block_size: int, vocab_size: int | None = None) -> Sh
     """The shape `build_model` builds for a budget of `params` parameters: a published decoder's
     own when `params` is its nominal size (PUBLISHED_SHAPES); else, at `layout_for`'s depth and
     head size, the smallest width that reaches `params` (`width_for_param_count`) with an
-    embedding and head of `vocab_size` tokens (default NUM_CLASSES)."""
+    embedding and head of `vocab_size` tokens (default PLANNED_VOCABULARY)."""
     for _, size, depth, width, heads in PUBLISHED_SHAPES:
         if size == params:
             return Shape(depth, width, heads)
@@ -228,7 +230,7 @@ def shape_for(params: int, block_size: int, vocab_size: int | None = None) -> Sh
 
 def describe_shape(config: Config, vocab_size: int | None = None) -> str:
     """The model `model_size` builds with a vocabulary of `vocab_size` tokens (default
-    NUM_CLASSES) in words: "4 blocks x 480 channels, 10.0M parameters"."""
+    PLANNED_VOCABULARY) in words: "4 blocks x 480 channels, 10.0M parameters"."""
     depth, width, heads = shape_for(
         parse_param_count(config.model_size), config.block_size, vocab_size
     )
@@ -259,7 +261,7 @@ def width_for_param_count(
     target: int, depth: int, head_dim: int, block_size: int, vocab_size: int | None = None
 ) -> int:
     """Smallest width (a multiple of `head_dim`, at most MAX_WIDTH) whose model, with a
-    vocabulary of `vocab_size` tokens (default NUM_CLASSES), reaches `target` parameters;
+    vocabulary of `vocab_size` tokens (default PLANNED_VOCABULARY), reaches `target` parameters;
     MAX_WIDTH when none does.
 
     Counted on modules built on the meta device, so sizing allocates no memory: one block, and
@@ -277,14 +279,15 @@ def width_for_param_count(
 
 
 def model_architecture(config: Config) -> Architecture:
-    """What `build_model` builds: the architecture of `config.init_from`'s config.json, or
-    the `model_family` decoder `shape_for` sizes from `config.model_size` over NUM_CLASSES
-    tokens (a Llama of this depth, width and heads: LlamaShape.from_scratch).
+    """What `build_model` builds: the architecture of `config.init_from`'s config.json (its own
+    vocabulary), or the `model_family` decoder `shape_for` sizes from `config.model_size` over
+    the data's vocabulary (`data.input_spec`: NUM_CLASSES, else the prepared corpus's).
 
     Raises:
         ValueError: init_from is no model folder this project can hold (hub/architecture.py),
-            of another family than `model_family`, its vocabulary is not NUM_CLASSES, or its
-            context is shorter than `block_size`.
+            of another family than `model_family`, its vocabulary is not a NUM_CLASSES you
+            set or is smaller than the prepared corpus's, or its context is shorter than
+            `block_size`; or `input_spec`'s refusal.
     """
     if config.init_from:
         folder = config.init_from
@@ -294,10 +297,18 @@ def model_architecture(config: Config) -> Architecture:
                 f"{folder} holds a {architecture.model_type} model and model_family is "
                 f'{config.model_family}; set model_family = "{architecture.family}"'
             )
-        if architecture.vocab_size != NUM_CLASSES:
+        if NUM_CLASSES is not None and architecture.vocab_size != NUM_CLASSES:
             raise ValueError(
                 f"{folder} has a vocabulary of {architecture.vocab_size} tokens and data.py's "
-                f"NUM_CLASSES is {NUM_CLASSES}; set NUM_CLASSES = {architecture.vocab_size}"
+                f"NUM_CLASSES is {NUM_CLASSES}; set NUM_CLASSES = {architecture.vocab_size}, "
+                "or None to take the folder's"
+            )
+        corpus = corpus_vocabulary(config)
+        if corpus and corpus > architecture.vocab_size:
+            raise ValueError(
+                f"{config.data_dir}'s tokenizer has {corpus} tokens and {folder}'s model "
+                f"{architecture.vocab_size}; prepare it with the model's own tokenizer, "
+                f"--tokenizer {Path(folder) / TOKENIZER_FILE}"
             )
         if config.block_size > architecture.max_positions:
             raise ValueError(
@@ -306,13 +317,66 @@ def model_architecture(config: Config) -> Architecture:
                 f"{architecture.max_positions}"
             )
         return architecture
-    depth, width, heads = shape_for(parse_param_count(config.model_size), config.block_size)
+    return scratch_architecture(config, input_spec(config)[0])
+
+
+def scratch_architecture(config: Config, vocab_size: int) -> Architecture:
+    """The `model_family` decoder `shape_for` sizes from `config.model_size` with an embedding
+    and head of `vocab_size` tokens (a Llama of this depth, width and heads:
+    LlamaShape.from_scratch)."""
+    params = parse_param_count(config.model_size)
+    depth, width, heads = shape_for(params, config.block_size, vocab_size)
     if config.model_family == "llama":
-        shape = LlamaShape.from_scratch(NUM_CLASSES, width, depth, heads, config.block_size)
+        shape = LlamaShape.from_scratch(vocab_size, width, depth, heads, config.block_size)
         return Architecture("llama", "llama", shape)
-    return Architecture(
-        "gpt2", "gpt2", GPT2Shape(NUM_CLASSES, width, depth, heads, config.block_size)
+    shape = GPT2Shape(vocab_size, width, depth, heads, config.block_size)
+    return Architecture("gpt2", "gpt2", shape)
+
+
+def plan_change(config: Config) -> str | None:
+    """What the data changed against the plan, in one line for the start of a run; None where
+    the vocabulary is PLANNED_VOCABULARY, or `init_from`'s folder decides it. The line says
+    where the vocabulary came from, the parameters of the embedding and head at it and as
+    planned, and whether the blocks were kept (a published shape) or resized to hold
+    `model_size` (`shape_for`), e.g. at block_size 256: "vocabulary 2,048 from
+    data/mine/manifest.json (planned 50,304): embedding and head 1.7M parameters instead of
+    9.7M; blocks widened from 4 x 96 to 4 x 416 to hold model_size 10M (10.1M parameters)".
+
+    Raises:
+        ValueError: see `data.input_spec`.
+    """
+    vocabulary = input_spec(config)[0]
+    if config.init_from or vocabulary == PLANNED_VOCABULARY:
+        return None
+    planned = scratch_architecture(config, PLANNED_VOCABULARY)
+    now = scratch_architecture(config, vocabulary)
+    source = "NUM_CLASSES in data.py" if NUM_CLASSES else str(Path(config.data_dir) / MANIFEST)
+    before, after = (f"{a.shape.depth} x {a.shape.width}" for a in (planned, now))
+    with torch.device("meta"):
+        total = count_parameters(decoder_for(now))
+    held = f"model_size {config.model_size} ({in_words(total)} parameters)"
+    if before == after:
+        blocks = f"blocks kept at {after} for {held}"
+    else:
+        resized = "widened" if now.shape.width > planned.shape.width else "narrowed"
+        blocks = f"blocks {resized} from {before} to {after} to hold {held}"
+    embedding, planned_embedding = (in_words(embedding_parameters(a)) for a in (now, planned))
+    return (
+        f"vocabulary {vocabulary:,} from {source} (planned {PLANNED_VOCABULARY:,}): embedding "
+        f"and head {embedding} parameters instead of {planned_embedding}; {blocks}"
     )
+
+
+def in_words(count: int) -> str:
+    """A parameter count as "19.3M" (millions), or "19.3K" (thousands) below a million."""
+    return f"{count / 1e6:.1f}M" if count >= 10**6 else f"{count / 1e3:.1f}K"
+
+
+def embedding_parameters(architecture: Architecture) -> int:
+    """Parameters of the token embedding and the output head (one matrix where tied)."""
+    shape = architecture.shape
+    matrices = 1 if getattr(shape, "tied_embeddings", False) else 2
+    return matrices * shape.vocab_size * shape.width
 
 
 def decoder_for(architecture: Architecture, dropout: float = 0.0) -> nn.Module:

@@ -49,7 +49,7 @@ FORMAT_VERSION = 1  # of trainer.pt's layout; a resume refuses another (resume.p
 # The scaffold release whose template rendered this project (a scaffold test holds the two
 # equal): each checkpoint records it, so that a refusal of another format names the release
 # that can finish the run.
-SCAFFOLD_RELEASE = "0.6.0"
+SCAFFOLD_RELEASE = "0.7.0"
 TRAINER_FILE = "trainer.pt"
 WEIGHTS_FILE = "model.safetensors"  # the best checkpoint's weights: the ones to ship
 LAST_WEIGHTS_FILE = "model-last.safetensors"  # the final step's

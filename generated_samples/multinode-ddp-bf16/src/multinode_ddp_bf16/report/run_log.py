@@ -8,6 +8,7 @@ import contextlib
 import functools
 import json
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any, NamedTuple
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from .. import task
 from ..config import Config
 from ..loader.dataloaders import TimedIterator
 from ..plot import read_records
@@ -83,7 +85,12 @@ class RunLog:
         """Open the records at `state.step` (`MetricsFile.open`) and record where this launch
         starts, with the world size change and the data change this resume made
         (`TrainState.world_size_changes`' and `data_changes`' entries; None where it made
-        none); open the progress bar over the run's steps."""
+        none); open the progress bar over the run's steps. The main process first prints
+        what the prepared data changed against the plan, in one line, where the task's
+        `plan_change(config)` hook says (a vocabulary other than the planned one, say)."""
+        hook = getattr(task, "plan_change", None)
+        if self.runtime.is_main and hook is not None and (change := hook(self.config)):
+            print(change, file=sys.stderr, flush=True)
         self.records.open(state.step)
         if self.engine is not None:
             self.evaluation = task_evaluation(self.config, self.runtime, state.step)
