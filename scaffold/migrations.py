@@ -103,7 +103,15 @@ NOTES: dict[str, str] = {
         "--data backbone=resnet50 --data init_from=W re-plans an image project for one. The "
         "image_size and model_family lines of configs/train.toml now say where the plan took "
         "them from, and the image tests pin the digits' CNN whatever train.toml names. "
-        "Checkpoints of 0.6 resume as they are"
+        "language-model projects take the model's vocabulary from the prepared corpus: "
+        "data.py's NUM_CLASSES is None by default (the manifest's vocab_size, data.input_spec), "
+        "the planned value is PLANNED_VOCABULARY, and a number you set still wins; a run's "
+        "start prints one line where the vocabulary differs from the plan. Where you had set "
+        "NUM_CLASSES, the update conflicts on that line: keep your number and add "
+        "PLANNED_VOCABULARY = <the old planned value>. model.py and task.py now import "
+        "PLANNED_VOCABULARY, input_spec and corpus_vocabulary from data.py; your own tests that "
+        "used NUM_CLASSES as a number should use PLANNED_VOCABULARY. Checkpoints of 0.6 resume "
+        "as they are while the vocabulary is unchanged"
     ),
 }
 

@@ -33,6 +33,11 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # size this project was rendered at.
 TEST_SETTINGS: dict[str, object] = {"model_size": "25K", "micro_batch_size": 64, "lr": 2e-3}
 TEST_SETTINGS |= {"grad_accum_steps": 1, "warmup_steps": 40, "activation_checkpointing": False}
+# The ladder runs on the digits' CNN whatever model configs/train.toml names (a timm backbone
+# trains on prepared images: tests/test_images.py prepares some and trains one, from the
+# template's own fine-tuning settings rather than those planned for this project's backbone).
+TEST_SETTINGS |= {"model_family": "cnn", "backbone": "", "init_from": "", "data_dir": ""}
+TEST_SETTINGS |= {"backbone_lr_ratio": 0.1, "freeze_backbone_epochs": 0}
 # Ranks draw their own random shifts and dropout: off where runs of 1 and 2 processes compare.
 RANDOMNESS_OFF = ["augment=false", "dropout=0.0"]
 # The task's own evaluation between validations: the image task has none.
