@@ -332,6 +332,16 @@ class BackboneShape:
             return math.sqrt(params)
         return params * backbone_info(self.measured).num_features / self.info.num_features
 
+    @property
+    def width_scale(self) -> float:
+        """The measured row's factor for what lies outside the units and for the largest
+        tensor: 1 for its own row; within a family the width ratio (num_features): the stem's
+        and the widest layer's channels grow with width, not with depth (ResNet-34's stem and
+        largest tensor are ResNet-18's, as measured); across families `scale`."""
+        if self.measured == self.info.name or not self.same_family:
+            return self.scale
+        return self.info.num_features / backbone_info(self.measured).num_features
+
     def provenance(self) -> str:
         """One line: which measured row the activations are, and how it was scaled."""
         rows = measured_rows()
@@ -362,28 +372,31 @@ class BackboneShape:
         """What one micro-batch of `micro_batch` images saves for backward: the measured row's
         bytes per image (its fp32 figures where `compute_bytes` is 4, its bf16 ones under
         autocast otherwise; `residual_bytes` is in the measurement already) x micro_batch x
-        the pixel ratio (image_size / 224)^2 x `scale`, and the units spread by position over
-        this backbone's (`resample`) where it has another count. Outside the units: the
-        measured stem, pooling, head (with its dropout mask) and loss, plus 8 bytes per class
-        beyond the measured 10 (the logits and log-softmax's fp32 output).
+        the pixel ratio (image_size / 224)^2, the units' x `scale` and spread by position over
+        this backbone's (`resample`) where it has another count. Outside the units (x
+        `width_scale`): the measured stem, pooling, head (with its dropout mask) and loss, plus
+        8 bytes per class beyond the measured 10 (the logits and log-softmax's fp32 output).
 
         `transient`, backward's largest temporaries: twice the largest saved tensor or unit
-        output (a gradient of that size arriving and the gradient of its input leaving).
+        output (x `width_scale`): a gradient of that size arriving and the gradient of its
+        input leaving (with this rule, the CPU peaks of bench/README.md's image rows are
+        within 7% for the measured backbones).
         """
         del residual_bytes, dropout  # measured: the rows keep fp32 where autocast does
         row = measured_rows()["rows"][self.measured]["fp32" if compute_bytes == 4 else "bf16"]
-        factor = micro_batch * (self.image_size / MEASURED_PIXELS) ** 2 * self.scale
+        pixels = micro_batch * (self.image_size / MEASURED_PIXELS) ** 2
+        factor, wide = pixels * self.scale, pixels * self.width_scale
         count = len(self.info.units)
         per_unit = resample(row["per_unit"], count, extensive=True)
         unit_input = resample(row["unit_input"], count, extensive=False)
         head = micro_batch * 8 * (self.classes - MEASURED_CLASSES)
-        outside = round(factor * row["outside"]) + max(0, head)
+        outside = round(wide * row["outside"]) + max(0, head)
         largest = max(row["largest_saved"], row["largest_output"])
         return Activations(
             per_unit=tuple(round(factor * value) for value in per_unit),
             unit_input=tuple(round(factor * value) for value in unit_input),
             outside=outside,
-            transient=round(2 * factor * largest),
+            transient=round(2 * wide * largest),
         )
 
 
