@@ -26,6 +26,7 @@ from scaffold.shapes import Activations, size_label
 
 DATA = Path(__file__).resolve().parent / "data"
 WEIGHTS_FILES = ("model.safetensors", "pytorch_model.bin")  # a timm folder's, in this order
+MAX_HEADER = 100_000_000  # bytes: the safetensors crate's MAX_HEADER_SIZE
 MEASURED_PIXELS = 224  # the activation rows' image size (a side, pixels)
 MEASURED_CLASSES = 10  # the measured head's classes
 SOURCE_PREFIXES = ("tf", "legacy", "gluon", "test")  # name prefixes that say where weights came
@@ -133,6 +134,8 @@ def safetensors_header(path: Path) -> dict[str, tuple[int, ...]]:
     try:
         with path.open("rb") as file:
             (length,) = struct.unpack("<Q", file.read(8))
+            if length > MAX_HEADER:
+                raise ValueError(f"a header of {length:,} bytes")
             header = json.loads(file.read(length))
         return {
             key: tuple(entry["shape"]) for key, entry in header.items() if key != "__metadata__"
@@ -188,7 +191,13 @@ def weights_backbone(init_from: str, backbone: str) -> tuple[str, int]:
     if path.is_dir():
         config = path / "config.json"
         if config.is_file():
-            architecture = json.loads(config.read_text()).get("architecture", "") or ""
+            try:
+                architecture = json.loads(config.read_text()).get("architecture", "") or ""
+            except (ValueError, AttributeError) as error:
+                raise AnswerError(
+                    f"{config} is not a JSON object ({error}); fix it or point init_from at "
+                    "the weights file itself"
+                ) from error
         found = [path / name for name in WEIGHTS_FILES if (path / name).is_file()]
         if not found:
             raise AnswerError(

@@ -102,6 +102,12 @@ def test_init_from_refusals(tmp_path: Path) -> None:
     path = write_safetensors(tmp_path / "tiny.safetensors", shapes_of(TINY, {}))
     with pytest.raises(AnswerError, match="does not name its model"):
         weights_backbone(str(path), "")
+    (tmp_path / "broken.safetensors").write_bytes(struct.pack("<Q", 2**40) + b"{}")
+    with pytest.raises(AnswerError, match="not a readable safetensors file"):
+        weights_backbone(str(tmp_path / "broken.safetensors"), TINY)
+    (tmp_path / "config.json").write_text("[")
+    with pytest.raises(AnswerError, match="is not a JSON object"):
+        weights_backbone(str(tmp_path), TINY)
 
 
 def test_torch_file_without_torch_is_not_checked(
