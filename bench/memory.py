@@ -19,9 +19,10 @@ count and micro-batch. The target is within +-25% of the measurement on every ro
 
 `--images` measures the image backbones instead (in an environment with timm: .venv-vision):
 IMAGE_ROWS each train a `TimmClassifier` (the committed sample's backbone.py, imported by path)
-of 10 classes for STEPS AdamW steps in fp32 on the CPU, at each of the row's sizes, against
-`estimate(backbone_shape(name, size, classes=10), strategy="single", ...)`. The target there is
-+-15%. `--images --smoke`: IMAGE_SMOKE_ROWS, a check that it runs.
+of 10 classes for STEPS AdamW steps on the CPU (fp32, or bf16 under CPU autocast) at each of
+the row's sizes, against `estimate(backbone_shape(name, size, classes=10), strategy="single",
+precision=...)`. The target there is +-15%. `--images --smoke`: IMAGE_SMOKE_ROWS, a check that
+it runs.
 
 `--smoke` measures SMOKE_ROWS on the CPU at a tiny size, each strategy and each checkpointing
 setting once: a check that the script still runs against the samples and the planner, not a
@@ -76,17 +77,22 @@ SMOKE_ROWS = [  # (row, checkpointing), on the CPU
 MARKERS = ("<!-- memory: start -->", "<!-- memory: end -->")
 IMAGE_MARKERS = ("<!-- memory-images: start -->", "<!-- memory-images: end -->")
 IMAGE_SAMPLE = "cpu-single-fp32"  # whose backbone.py builds the TimmClassifier
-IMAGE_ROWS = [  # (timm backbone, micro-batch, image sizes in pixels)
-    ("resnet18", 8, (112, 224)),
-    ("resnet50", 8, (112, 224)),
-    ("convnext_tiny", 8, (112, 224)),
-    ("efficientnet_b0", 8, (112, 224)),
-    ("vit_small_patch16_224", 8, (224,)),  # timm's ViTs take their own image size only
+IMAGE_ROWS = [  # (timm backbone, micro-batch, image sizes in pixels, precision)
+    ("resnet18", 8, (112, 224), "fp32"),
+    ("resnet50", 8, (112, 224), "fp32"),
+    ("convnext_tiny", 8, (112, 224), "fp32"),
+    ("efficientnet_b0", 8, (112, 224), "fp32"),
+    ("vit_small_patch16_224", 8, (224,), "fp32"),  # timm's ViTs take their own image size only
     # not in the activations table: the nearest-family estimates
-    ("resnet34", 8, (112, 224)),
-    ("convnext_small", 8, (112, 224)),
+    ("resnet34", 8, (112, 224), "fp32"),
+    ("convnext_small", 8, (112, 224), "fp32"),
+    # the activations table's bf16 rows: CPU autocast
+    ("resnet18", 8, (224,), "bf16"),
+    ("resnet50", 8, (224,), "bf16"),
+    ("convnext_tiny", 8, (224,), "bf16"),
+    ("vit_small_patch16_224", 8, (224,), "bf16"),
 ]
-IMAGE_SMOKE_ROWS = [("resnet10t", 2, (64,))]
+IMAGE_SMOKE_ROWS = [("resnet10t", 2, (64,), "fp32")]
 IMAGE_CLASSES = 10
 
 
@@ -137,9 +143,10 @@ def child(sample: str, size: str, micro: int, checkpointing: bool, device: str) 
     out.write_text(json.dumps({"peak": peak, "params": params}))
 
 
-def image_child(name: str, size: int, micro: int) -> None:
+def image_child(name: str, size: int, micro: int, precision: str) -> None:
     """Measure one image row in this process (the CPU's `VmHWM` growth over STEPS AdamW steps
-    of a TimmClassifier in fp32); write its JSON into $MEMORY_BENCH_OUT/rank0.json."""
+    of a TimmClassifier in fp32, or in bf16 under CPU autocast); write its JSON into
+    $MEMORY_BENCH_OUT/rank0.json."""
     import importlib.util
     import warnings
 
@@ -154,11 +161,14 @@ def image_child(name: str, size: int, micro: int) -> None:
     def train(name: str, size: int, micro: int) -> Any:
         model = backbone.TimmClassifier(name, IMAGE_CLASSES, dropout=0.1)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
         for _ in range(STEPS):
             images = torch.randn(micro, 3, size, size)
             labels = torch.randint(0, IMAGE_CLASSES, (micro,))
             optimizer.zero_grad(set_to_none=True)
-            torch.nn.functional.cross_entropy(model(images), labels).backward()
+            with autocast:
+                logits = model(images)
+            torch.nn.functional.cross_entropy(logits.float(), labels).backward()
             optimizer.step()
         return model
 
@@ -173,28 +183,29 @@ def image_child(name: str, size: int, micro: int) -> None:
     out.write_text(json.dumps({"peak": peak, "params": params}))
 
 
-def image_table(rows: list[tuple[str, int, tuple[int, ...]]]) -> str:
+def image_table(rows: list[tuple[str, int, tuple[int, ...], str]]) -> str:
     """The markdown table of the image rows, each at each of its sizes: measured and predicted
-    (fp32, one process, no activation checkpointing)."""
+    (one process, no activation checkpointing)."""
     sys.path.insert(0, str(ROOT))
     from scaffold.backbones import backbone_shape
     from scaffold.memory import estimate, gib
 
     lines = [
-        "| backbone | parameters | image px | micro-batch | activations from | predicted GiB "
-        "| measured GiB | predicted / measured |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| backbone | parameters | precision | image px | micro-batch | activations from "
+        "| predicted GiB | measured GiB | predicted / measured |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for name, micro, sizes in rows:
+    for name, micro, sizes, precision in rows:
         for size in sizes:
             script = [str(Path(__file__).resolve()), "--image-child", name, str(size), str(micro)]
+            script.append(precision)
             measured = measure_script(script, f"{name} {size} px")
             shape = backbone_shape(name, size, classes=IMAGE_CLASSES)
             assert shape.params == measured["params"], (shape.params, measured)
             predicted = estimate(
                 shape,
                 strategy="single",
-                precision="fp32",
+                precision=precision,
                 world_size=1,
                 micro_batch=micro,
                 checkpointing=False,
@@ -202,7 +213,8 @@ def image_table(rows: list[tuple[str, int, tuple[int, ...]]]) -> str:
             ).peak
             ratio = predicted / measured["peak"]
             lines.append(
-                f"| {name} | {shape.params:,} | {size} | {micro} | {shape.measured} | "
+                f"| {name} | {shape.params:,} | {precision} | {size} | {micro} | "
+                f"{shape.measured} | "
                 f"{gib(predicted)} | {gib(measured['peak'])} | {ratio:.2f} |"
             )
             print(lines[-1], file=sys.stderr, flush=True)
@@ -313,18 +325,18 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="check every kind of row runs")
     parser.add_argument("--images", action="store_true", help="the image backbones' rows")
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
-    parser.add_argument("--image-child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--image-child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.image_child:
-        name, size, micro = args.image_child
-        image_child(name, int(size), int(micro))
+        name, size, micro, precision = args.image_child
+        image_child(name, int(size), int(micro), precision)
         return
     if args.images:
         if args.device != "cpu" or (args.smoke and args.readme):
             raise SystemExit("error: --images runs on the CPU; drop --device (and --readme)")
         rows = IMAGE_SMOKE_ROWS if args.smoke else IMAGE_ROWS[: args.first]
         text = (
-            f"Machine: {machine_line('cpu')}; fp32, {STEPS} AdamW steps per row, "
+            f"Machine: {machine_line('cpu')}; {STEPS} AdamW steps per row, "
             f"{IMAGE_CLASSES} classes.\n\n{image_table(rows)}"
         )
         print(text)
