@@ -78,14 +78,74 @@ class BackboneInfo:
     elements: int = 0
 
 
-def backbone_info(name: str) -> BackboneInfo:
-    """The snapshot's row of timm model `name`.
+def timm_shard_units(backbone):
+    """The rendered `TimmClassifier.shard_units()` of a bare timm backbone (an nn.Module): its
+    `blocks`, `stages` or `layers` where one is an nn.Sequential or nn.ModuleList, else its
+    `layer*` children, else the whole backbone (a list of modules). Needs torch."""
+    from torch import nn
+
+    for attribute in ("blocks", "stages", "layers"):
+        units = getattr(backbone, attribute, None)
+        if isinstance(units, nn.Sequential | nn.ModuleList):
+            return list(units)
+    layers = [module for name, module in backbone.named_children() if name[:5] == "layer"]
+    return layers or [backbone]
+
+
+def timm_row(name: str) -> list:
+    """timm model `name`'s row of timm_models.json, built on the meta device with
+    num_classes=0 (nothing allocated or downloaded): [params, state-dict tensors, output stride
+    (the last `feature_info` reduction, 1 without one), num_features, [shard units' params],
+    classifier prefix (a string or a list), state-dict elements]. Needs torch and timm
+    (bench/backbones.py writes the snapshot with it).
 
     Raises:
-        AnswerError: a name the snapshot does not hold, with the nearest names.
+        Exception: whatever `timm.create_model` raises for a model it cannot build.
+    """
+    import timm
+    import torch
+
+    with torch.device("meta"):
+        model = timm.create_model(name, pretrained=False, num_classes=0)
+    info = getattr(model, "feature_info", None)
+    state = model.state_dict()
+    classifier = getattr(model, "pretrained_cfg", {}).get("classifier") or ""
+    return [
+        sum(parameter.numel() for parameter in model.parameters()),
+        len(state),
+        int(info[-1]["reduction"]) if info else 1,
+        int(model.num_features),
+        [sum(p.numel() for p in unit.parameters()) for unit in timm_shard_units(model)],
+        classifier if isinstance(classifier, str) else list(classifier),
+        sum(tensor.numel() for tensor in state.values()),
+    ]
+
+
+@functools.cache
+def installed_row(name: str) -> list | None:
+    """`timm_row` of a name the snapshot lacks, where timm is importable here and knows it (a
+    newer timm than the snapshot's); else None."""
+    try:
+        import timm
+    except ImportError:
+        return None
+    if not timm.is_model(name):
+        return None
+    try:
+        return timm_row(name)
+    except Exception:  # noqa: BLE001 - a model timm cannot build is refused as unknown
+        return None
+
+
+def backbone_info(name: str) -> BackboneInfo:
+    """The snapshot's row of timm model `name`, or, for a name it lacks, the row of the timm
+    installed here where it has the model (`installed_row`).
+
+    Raises:
+        AnswerError: a name neither holds, with the snapshot's nearest names.
     """
     models = timm_models()["models"]
-    row = models.get(name)
+    row = models.get(name) or installed_row(name)
     if row is None:
         near = difflib.get_close_matches(name, models, n=3, cutoff=0.6)
         hint = f"did you mean {', '.join(near)}? " if near else ""

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from scaffold import backbones
 from scaffold.backbones import (
     backbone_info,
     backbone_shape,
@@ -57,6 +58,16 @@ def test_unknown_name_refused_with_the_nearest_names() -> None:
         backbone_info("resnet19")
     assert "\n" not in str(error.value)
     assert "timm.list_models" in str(error.value)
+
+
+def test_a_name_the_snapshot_lacks_is_built_by_the_installed_timm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("timm")  # skipped where timm is not installed (CI's .venv)
+    snapshot = backbones.timm_models()
+    models = {name: row for name, row in snapshot["models"].items() if name != "resnet18"}
+    monkeypatch.setattr(backbones, "timm_models", lambda: {**snapshot, "models": models})
+    assert backbone_info("resnet18").params == 11_176_512
 
 
 def test_resnet18_info() -> None:
