@@ -19,10 +19,11 @@ count and micro-batch. The target is within +-25% of the measurement on every ro
 
 `--images` measures the image backbones instead (in an environment with timm: .venv-vision):
 IMAGE_ROWS each train a `TimmClassifier` (the committed sample's backbone.py, imported by path)
-of 10 classes for STEPS AdamW steps on the CPU (fp32, or bf16 under CPU autocast) at each of
-the row's sizes, against `estimate(backbone_shape(name, size, classes=10), strategy="single",
-precision=...)`. The target there is +-15%. `--images --smoke`: IMAGE_SMOKE_ROWS, a check that
-it runs.
+of 10 classes for STEPS AdamW steps on the CPU (fp32, or bf16 under CPU autocast; with or
+without activation checkpointing) at each of the row's sizes, against
+`estimate(backbone_shape(name, size, classes=10), strategy="single", precision=...,
+checkpointing=...)`. The target there is +-15%. `--images --smoke`: IMAGE_SMOKE_ROWS, a check
+that it runs.
 
 `--smoke` measures SMOKE_ROWS on the CPU at a tiny size, each strategy and each checkpointing
 setting once: a check that the script still runs against the samples and the planner, not a
@@ -77,22 +78,27 @@ SMOKE_ROWS = [  # (row, checkpointing), on the CPU
 MARKERS = ("<!-- memory: start -->", "<!-- memory: end -->")
 IMAGE_MARKERS = ("<!-- memory-images: start -->", "<!-- memory-images: end -->")
 IMAGE_SAMPLE = "cpu-single-fp32"  # whose backbone.py builds the TimmClassifier
-IMAGE_ROWS = [  # (timm backbone, micro-batch, image sizes in pixels, precision)
-    ("resnet18", 8, (112, 224), "fp32"),
-    ("resnet50", 8, (112, 224), "fp32"),
-    ("convnext_tiny", 8, (112, 224), "fp32"),
-    ("efficientnet_b0", 8, (112, 224), "fp32"),
-    ("vit_small_patch16_224", 8, (224,), "fp32"),  # timm's ViTs take their own image size only
+IMAGE_ROWS = [  # (timm backbone, micro-batch, image sizes in pixels, precision, checkpointing)
+    ("resnet18", 8, (112, 224), "fp32", False),
+    ("resnet50", 8, (112, 224), "fp32", False),
+    ("convnext_tiny", 8, (112, 224), "fp32", False),
+    ("efficientnet_b0", 8, (112, 224), "fp32", False),
+    ("vit_small_patch16_224", 8, (224,), "fp32", False),  # a ViT takes its own image size only
     # not in the activations table: the nearest-family estimates
-    ("resnet34", 8, (112, 224), "fp32"),
-    ("convnext_small", 8, (112, 224), "fp32"),
+    ("resnet34", 8, (112, 224), "fp32", False),
+    ("convnext_small", 8, (112, 224), "fp32", False),
     # the activations table's bf16 rows: CPU autocast
-    ("resnet18", 8, (224,), "bf16"),
-    ("resnet50", 8, (224,), "bf16"),
-    ("convnext_tiny", 8, (224,), "bf16"),
-    ("vit_small_patch16_224", 8, (224,), "bf16"),
+    ("resnet18", 8, (224,), "bf16", False),
+    ("resnet50", 8, (224,), "bf16", False),
+    ("convnext_tiny", 8, (224,), "bf16", False),
+    ("vit_small_patch16_224", 8, (224,), "bf16", False),
+    # activation checkpointing per shard unit (the units' inputs, `unit_input`)
+    ("resnet50", 8, (224,), "fp32", True),
+    ("convnext_tiny", 8, (224,), "fp32", True),
+    ("efficientnet_b0", 8, (224,), "fp32", True),
+    ("vit_small_patch16_224", 8, (224,), "fp32", True),
 ]
-IMAGE_SMOKE_ROWS = [("resnet10t", 2, (64,), "fp32")]
+IMAGE_SMOKE_ROWS = [("resnet10t", 2, (64,), "fp32", True)]
 IMAGE_CLASSES = 10
 
 
@@ -143,14 +149,16 @@ def child(sample: str, size: str, micro: int, checkpointing: bool, device: str) 
     out.write_text(json.dumps({"peak": peak, "params": params}))
 
 
-def image_child(name: str, size: int, micro: int, precision: str) -> None:
+def image_child(name: str, size: int, micro: int, precision: str, checkpointing: bool) -> None:
     """Measure one image row in this process (the CPU's `VmHWM` growth over STEPS AdamW steps
-    of a TimmClassifier in fp32, or in bf16 under CPU autocast); write its JSON into
-    $MEMORY_BENCH_OUT/rank0.json."""
+    of a TimmClassifier in fp32, or in bf16 under CPU autocast; with `checkpointing`, each
+    shard unit checkpointed as the rendered engine/build.py's `checkpoint_units` does); write
+    its JSON into $MEMORY_BENCH_OUT/rank0.json."""
     import importlib.util
     import warnings
 
     import torch
+    from torch.utils.checkpoint import checkpoint
 
     warnings.simplefilter("ignore")  # TimmClassifier warns of its random initialisation
     path = ROOT / "generated_samples" / IMAGE_SAMPLE / "src" / IMAGE_SAMPLE.replace("-", "_")
@@ -160,6 +168,8 @@ def image_child(name: str, size: int, micro: int, precision: str) -> None:
 
     def train(name: str, size: int, micro: int) -> Any:
         model = backbone.TimmClassifier(name, IMAGE_CLASSES, dropout=0.1)
+        for unit in model.shard_units() if checkpointing else ():
+            unit.forward = functools.partial(checkpoint, unit.forward, use_reentrant=False)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
         for _ in range(STEPS):
@@ -183,22 +193,22 @@ def image_child(name: str, size: int, micro: int, precision: str) -> None:
     out.write_text(json.dumps({"peak": peak, "params": params}))
 
 
-def image_table(rows: list[tuple[str, int, tuple[int, ...], str]]) -> str:
+def image_table(rows: list[tuple[str, int, tuple[int, ...], str, bool]]) -> str:
     """The markdown table of the image rows, each at each of its sizes: measured and predicted
-    (one process, no activation checkpointing)."""
+    (one process)."""
     sys.path.insert(0, str(ROOT))
     from scaffold.backbones import backbone_shape
     from scaffold.memory import estimate, gib
 
     lines = [
-        "| backbone | parameters | precision | image px | micro-batch | activations from "
-        "| predicted GiB | measured GiB | predicted / measured |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| backbone | parameters | precision | image px | micro-batch | checkpointing "
+        "| activations from | predicted GiB | measured GiB | predicted / measured |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for name, micro, sizes, precision in rows:
+    for name, micro, sizes, precision, checkpointing in rows:
         for size in sizes:
             script = [str(Path(__file__).resolve()), "--image-child", name, str(size), str(micro)]
-            script.append(precision)
+            script += [precision, str(int(checkpointing))]
             measured = measure_script(script, f"{name} {size} px")
             shape = backbone_shape(name, size, classes=IMAGE_CLASSES)
             assert shape.params == measured["params"], (shape.params, measured)
@@ -208,13 +218,13 @@ def image_table(rows: list[tuple[str, int, tuple[int, ...], str]]) -> str:
                 precision=precision,
                 world_size=1,
                 micro_batch=micro,
-                checkpointing=False,
+                checkpointing=checkpointing,
                 dropout=0.1,
             ).peak
             ratio = predicted / measured["peak"]
             lines.append(
                 f"| {name} | {shape.params:,} | {precision} | {size} | {micro} | "
-                f"{shape.measured} | "
+                f"{'on' if checkpointing else 'off'} | {shape.measured} | "
                 f"{gib(predicted)} | {gib(measured['peak'])} | {ratio:.2f} |"
             )
             print(lines[-1], file=sys.stderr, flush=True)
@@ -325,11 +335,11 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="check every kind of row runs")
     parser.add_argument("--images", action="store_true", help="the image backbones' rows")
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
-    parser.add_argument("--image-child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--image-child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.image_child:
-        name, size, micro, precision = args.image_child
-        image_child(name, int(size), int(micro), precision)
+        name, size, micro, precision, checkpointing = args.image_child
+        image_child(name, int(size), int(micro), precision, checkpointing == "1")
         return
     if args.images:
         if args.device != "cpu" or (args.smoke and args.readme):
