@@ -449,7 +449,7 @@ class BackboneShape:
         `transient`, backward's largest temporaries: twice the largest saved tensor or unit
         output (x `width_scale`): a gradient of that size arriving and the gradient of its
         input leaving (with this rule, the CPU peaks of bench/README.md's image rows are
-        within 7% for the measured backbones).
+        within 7% for the measured backbones, 11% with activation checkpointing).
         """
         del residual_bytes, dropout  # measured: the rows keep fp32 where autocast does
         row = measured_rows()["rows"][self.measured]["fp32" if compute_bytes == 4 else "bf16"]
