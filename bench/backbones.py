@@ -34,6 +34,9 @@ import torch
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # scaffold from this checkout
+from scaffold.backbones import timm_row, timm_shard_units  # noqa: E402
+
 DATA = ROOT / "scaffold" / "data"
 MEASURED = (
     "resnet10t",
@@ -53,40 +56,9 @@ CLASSES = 10  # the head measured; scaffold adds the class count's own part
 DROPOUT = 0.1  # the head's dropout (TimmClassifier's), so its mask is counted
 
 
-def shard_units(backbone: nn.Module) -> list[nn.Module]:
-    """`TimmClassifier.shard_units()` of the rendered backbone.py, on the bare backbone."""
-    for attribute in ("blocks", "stages", "layers"):
-        units = getattr(backbone, attribute, None)
-        if isinstance(units, nn.Sequential | nn.ModuleList):
-            return list(units)
-    layers = [module for name, module in backbone.named_children() if name[:5] == "layer"]
-    return layers or [backbone]
-
-
 def count(module: nn.Module) -> int:
     """Parameters of `module`, shared ones once."""
     return sum(parameter.numel() for parameter in module.parameters())
-
-
-def model_row(name: str) -> list:
-    """One model's row of timm_models.json (module docstring), built on the meta device."""
-    with torch.device("meta"):
-        model = timm.create_model(name, pretrained=False, num_classes=0)
-    info = getattr(model, "feature_info", None)
-    stride = int(info[-1]["reduction"]) if info else 1
-    state = model.state_dict()
-    classifier = getattr(model, "pretrained_cfg", {}).get("classifier") or ""
-    if not isinstance(classifier, str):
-        classifier = list(classifier)
-    return [
-        count(model),
-        len(state),
-        stride,
-        int(model.num_features),
-        [count(unit) for unit in shard_units(model)],
-        classifier,
-        sum(tensor.numel() for tensor in state.values()),
-    ]
 
 
 def write_models(names: list[str], data: Path = DATA) -> Path:
@@ -96,7 +68,7 @@ def write_models(names: list[str], data: Path = DATA) -> Path:
     start = time.time()
     for index, name in enumerate(names):
         try:
-            models[name] = model_row(name)
+            models[name] = timm_row(name)
         except Exception as error:  # noqa: BLE001 - any failure to build skips the model
             skipped[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
         if index % 100 == 0:
@@ -178,7 +150,7 @@ def saved_at(name: str, batch: int, precision: str) -> dict:
     for module in model.modules():  # TimmClassifier keeps BatchNorm in eval mode
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
             module.eval()
-    units = shard_units(backbone)
+    units = timm_shard_units(backbone)
     saved = Saved(model, units)
     images = torch.randn(batch, 3, IMAGE_SIZE, IMAGE_SIZE)
     labels = torch.randint(0, CLASSES, (batch,))

@@ -26,6 +26,7 @@ from scaffold.shapes import Activations, size_label
 
 DATA = Path(__file__).resolve().parent / "data"
 WEIGHTS_FILES = ("model.safetensors", "pytorch_model.bin")  # a timm folder's, in this order
+MAX_HEADER = 100_000_000  # bytes: the safetensors crate's MAX_HEADER_SIZE
 MEASURED_PIXELS = 224  # the activation rows' image size (a side, pixels)
 MEASURED_CLASSES = 10  # the measured head's classes
 SOURCE_PREFIXES = ("tf", "legacy", "gluon", "test")  # name prefixes that say where weights came
@@ -77,14 +78,74 @@ class BackboneInfo:
     elements: int = 0
 
 
-def backbone_info(name: str) -> BackboneInfo:
-    """The snapshot's row of timm model `name`.
+def timm_shard_units(backbone):
+    """The rendered `TimmClassifier.shard_units()` of a bare timm backbone (an nn.Module): its
+    `blocks`, `stages` or `layers` where one is an nn.Sequential or nn.ModuleList, else its
+    `layer*` children, else the whole backbone (a list of modules). Needs torch."""
+    from torch import nn
+
+    for attribute in ("blocks", "stages", "layers"):
+        units = getattr(backbone, attribute, None)
+        if isinstance(units, nn.Sequential | nn.ModuleList):
+            return list(units)
+    layers = [module for name, module in backbone.named_children() if name[:5] == "layer"]
+    return layers or [backbone]
+
+
+def timm_row(name: str) -> list:
+    """timm model `name`'s row of timm_models.json, built on the meta device with
+    num_classes=0 (nothing allocated or downloaded): [params, state-dict tensors, output stride
+    (the last `feature_info` reduction, 1 without one), num_features, [shard units' params],
+    classifier prefix (a string or a list), state-dict elements]. Needs torch and timm
+    (bench/backbones.py writes the snapshot with it).
 
     Raises:
-        AnswerError: a name the snapshot does not hold, with the nearest names.
+        Exception: whatever `timm.create_model` raises for a model it cannot build.
+    """
+    import timm
+    import torch
+
+    with torch.device("meta"):
+        model = timm.create_model(name, pretrained=False, num_classes=0)
+    info = getattr(model, "feature_info", None)
+    state = model.state_dict()
+    classifier = getattr(model, "pretrained_cfg", {}).get("classifier") or ""
+    return [
+        sum(parameter.numel() for parameter in model.parameters()),
+        len(state),
+        int(info[-1]["reduction"]) if info else 1,
+        int(model.num_features),
+        [sum(p.numel() for p in unit.parameters()) for unit in timm_shard_units(model)],
+        classifier if isinstance(classifier, str) else list(classifier),
+        sum(tensor.numel() for tensor in state.values()),
+    ]
+
+
+@functools.cache
+def installed_row(name: str) -> list | None:
+    """`timm_row` of a name the snapshot lacks, where timm is importable here and knows it (a
+    newer timm than the snapshot's); else None."""
+    try:
+        import timm
+    except ImportError:
+        return None
+    if not timm.is_model(name):
+        return None
+    try:
+        return timm_row(name)
+    except Exception:  # noqa: BLE001 - a model timm cannot build is refused as unknown
+        return None
+
+
+def backbone_info(name: str) -> BackboneInfo:
+    """The snapshot's row of timm model `name`, or, for a name it lacks, the row of the timm
+    installed here where it has the model (`installed_row`).
+
+    Raises:
+        AnswerError: a name neither holds, with the snapshot's nearest names.
     """
     models = timm_models()["models"]
-    row = models.get(name)
+    row = models.get(name) or installed_row(name)
     if row is None:
         near = difflib.get_close_matches(name, models, n=3, cutoff=0.6)
         hint = f"did you mean {', '.join(near)}? " if near else ""
@@ -133,6 +194,8 @@ def safetensors_header(path: Path) -> dict[str, tuple[int, ...]]:
     try:
         with path.open("rb") as file:
             (length,) = struct.unpack("<Q", file.read(8))
+            if length > MAX_HEADER:
+                raise ValueError(f"a header of {length:,} bytes")
             header = json.loads(file.read(length))
         return {
             key: tuple(entry["shape"]) for key, entry in header.items() if key != "__metadata__"
@@ -188,7 +251,13 @@ def weights_backbone(init_from: str, backbone: str) -> tuple[str, int]:
     if path.is_dir():
         config = path / "config.json"
         if config.is_file():
-            architecture = json.loads(config.read_text()).get("architecture", "") or ""
+            try:
+                architecture = json.loads(config.read_text()).get("architecture", "") or ""
+            except (ValueError, AttributeError) as error:
+                raise AnswerError(
+                    f"{config} is not a JSON object ({error}); fix it or point init_from at "
+                    "the weights file itself"
+                ) from error
         found = [path / name for name in WEIGHTS_FILES if (path / name).is_file()]
         if not found:
             raise AnswerError(
@@ -332,6 +401,16 @@ class BackboneShape:
             return math.sqrt(params)
         return params * backbone_info(self.measured).num_features / self.info.num_features
 
+    @property
+    def width_scale(self) -> float:
+        """The measured row's factor for what lies outside the units and for the largest
+        tensor: 1 for its own row; within a family the width ratio (num_features): the stem's
+        and the widest layer's channels grow with width, not with depth (ResNet-34's stem and
+        largest tensor are ResNet-18's, as measured); across families `scale`."""
+        if self.measured == self.info.name or not self.same_family:
+            return self.scale
+        return self.info.num_features / backbone_info(self.measured).num_features
+
     def provenance(self) -> str:
         """One line: which measured row the activations are, and how it was scaled."""
         rows = measured_rows()
@@ -362,28 +441,31 @@ class BackboneShape:
         """What one micro-batch of `micro_batch` images saves for backward: the measured row's
         bytes per image (its fp32 figures where `compute_bytes` is 4, its bf16 ones under
         autocast otherwise; `residual_bytes` is in the measurement already) x micro_batch x
-        the pixel ratio (image_size / 224)^2 x `scale`, and the units spread by position over
-        this backbone's (`resample`) where it has another count. Outside the units: the
-        measured stem, pooling, head (with its dropout mask) and loss, plus 8 bytes per class
-        beyond the measured 10 (the logits and log-softmax's fp32 output).
+        the pixel ratio (image_size / 224)^2, the units' x `scale` and spread by position over
+        this backbone's (`resample`) where it has another count. Outside the units (x
+        `width_scale`): the measured stem, pooling, head (with its dropout mask) and loss, plus
+        8 bytes per class beyond the measured 10 (the logits and log-softmax's fp32 output).
 
         `transient`, backward's largest temporaries: twice the largest saved tensor or unit
-        output (a gradient of that size arriving and the gradient of its input leaving).
+        output (x `width_scale`): a gradient of that size arriving and the gradient of its
+        input leaving (with this rule, the CPU peaks of bench/README.md's image rows are
+        within 7% for the measured backbones, 11% with activation checkpointing).
         """
         del residual_bytes, dropout  # measured: the rows keep fp32 where autocast does
         row = measured_rows()["rows"][self.measured]["fp32" if compute_bytes == 4 else "bf16"]
-        factor = micro_batch * (self.image_size / MEASURED_PIXELS) ** 2 * self.scale
+        pixels = micro_batch * (self.image_size / MEASURED_PIXELS) ** 2
+        factor, wide = pixels * self.scale, pixels * self.width_scale
         count = len(self.info.units)
         per_unit = resample(row["per_unit"], count, extensive=True)
         unit_input = resample(row["unit_input"], count, extensive=False)
         head = micro_batch * 8 * (self.classes - MEASURED_CLASSES)
-        outside = round(factor * row["outside"]) + max(0, head)
+        outside = round(wide * row["outside"]) + max(0, head)
         largest = max(row["largest_saved"], row["largest_output"])
         return Activations(
             per_unit=tuple(round(factor * value) for value in per_unit),
             unit_input=tuple(round(factor * value) for value in unit_input),
             outside=outside,
-            transient=round(2 * factor * largest),
+            transient=round(2 * wide * largest),
         )
 
 

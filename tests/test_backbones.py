@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from scaffold import backbones
 from scaffold.backbones import (
     backbone_info,
     backbone_shape,
@@ -59,6 +60,16 @@ def test_unknown_name_refused_with_the_nearest_names() -> None:
     assert "timm.list_models" in str(error.value)
 
 
+def test_a_name_the_snapshot_lacks_is_built_by_the_installed_timm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("timm")  # skipped where timm is not installed (CI's .venv)
+    snapshot = backbones.timm_models()
+    models = {name: row for name, row in snapshot["models"].items() if name != "resnet18"}
+    monkeypatch.setattr(backbones, "timm_models", lambda: {**snapshot, "models": models})
+    assert backbone_info("resnet18").params == 11_176_512
+
+
 def test_resnet18_info() -> None:
     info = backbone_info("resnet18")
     assert (info.params, info.tensors, info.stride, info.num_features) == (11_176_512, 120, 32, 512)
@@ -102,6 +113,12 @@ def test_init_from_refusals(tmp_path: Path) -> None:
     path = write_safetensors(tmp_path / "tiny.safetensors", shapes_of(TINY, {}))
     with pytest.raises(AnswerError, match="does not name its model"):
         weights_backbone(str(path), "")
+    (tmp_path / "broken.safetensors").write_bytes(struct.pack("<Q", 2**40) + b"{}")
+    with pytest.raises(AnswerError, match="not a readable safetensors file"):
+        weights_backbone(str(tmp_path / "broken.safetensors"), TINY)
+    (tmp_path / "config.json").write_text("[")
+    with pytest.raises(AnswerError, match="is not a JSON object"):
+        weights_backbone(str(tmp_path), TINY)
 
 
 def test_torch_file_without_torch_is_not_checked(
@@ -124,14 +141,28 @@ def test_activations_scale_with_pixels_and_micro_batch() -> None:
 
 def test_unmeasured_backbone_borrows_its_family() -> None:
     shape = backbone_shape("resnet34", 224, classes=10)
-    assert shape.measured in ("resnet18", "resnet50") and shape.same_family
-    assert f"estimated from {shape.measured}" in shape.provenance()
-    assert len(shape.activations(1, 4, 4, 0.0).per_unit) == len(shape.unit_params) == 4
+    # nearest in parameters and width: ResNet-18's basic blocks, not ResNet-50's bottlenecks
+    assert shape.measured == "resnet18" and shape.same_family
+    assert "estimated from resnet18 (the measured resnet backbone" in shape.provenance()
+    own = backbone_shape("resnet18", 224, classes=10).activations(1, 4, 4, 0.0)
+    borrowed = shape.activations(1, 4, 4, 0.0)
+    assert len(borrowed.per_unit) == len(shape.unit_params) == 4
+    assert sum(borrowed.per_unit) == pytest.approx(shape.scale * sum(own.per_unit), rel=1e-6)
+    assert shape.scale == pytest.approx(21_284_672 / 11_176_512)  # the same pooled width
+    assert (borrowed.outside, borrowed.transient) == (own.outside, own.transient)  # one stem
     assert shape.params == 21_284_672 + 512 * 10 + 10
     peak = estimate(
         shape, strategy="single", precision="fp32", world_size=1, micro_batch=8, checkpointing=False
     ).peak
     assert peak > 16 * shape.params
+
+
+def test_unmeasured_family_borrows_the_nearest_overall() -> None:
+    shape = backbone_shape("swin_tiny_patch4_window7_224", 224)
+    assert not shape.same_family
+    assert "no swin backbone measured" in shape.provenance()
+    units = len(shape.unit_params)
+    assert len(shape.activations(2, 4, 2, 0.0).unit_input) == units
 
 
 def test_stride_check() -> None:
