@@ -165,11 +165,11 @@ def updated_plan(recorded: Mapping[str, Any], data: Mapping[str, str]) -> Plan:
     """
     derived = ("package_name", "plan")  # scaffold computes these again from the answers
     previous = {k: v for k, v in recorded.items() if not k.startswith("_") and k not in derived}
-    if previous.get("task", "image-classification") == "image-classification":
-        # An image model's family follows its backbone answer (releases before 0.7.0 recorded
-        # the language model's gpt2 here), and a timm backbone's size is its own.
-        if previous.pop("model_family", None) == "timm":
-            previous.pop("model_size", None)
+    # An image model's family follows its backbone answer (releases before 0.7.0 recorded the
+    # language model's gpt2 here), and a timm backbone's size is its own.
+    images = previous.get("task", "image-classification") == "image-classification"
+    if images and previous.pop("model_family", None) == "timm":
+        previous.pop("model_size", None)
     if "project_name" in data and data["project_name"] != previous.get("project_name"):
         raise ProjectError(
             "an update cannot rename the project (edits in the package would be lost); "

@@ -320,10 +320,11 @@ DOWN, UP, BACKSPACE = "\x1b[B", "\x1b[A", "\x7f"
 
 def test_interactive_prompts_with_a_pseudo_terminal(tmp_path):
     """Drive questionary through a real pty as a user would: an unknown timm backbone (refused
-    under the prompt), back from the hardware question to the task and on, CUDA on 2 GPUs (back from the node count to change them), absurd GPU
-    memory and a model too large for the digits example first (each refused under the
-    prompt), bf16, and `auto` for the strategy, which shows what it picks; choices that cannot
-    work are shown as not available, with the reason. The plan is printed once."""
+    under the prompt), back from the hardware question to the task and on, CUDA on 2 GPUs
+    (back from the node count to change them), absurd GPU memory and a model too large for the
+    digits example first (each refused under the prompt), bf16, and `auto` for the strategy,
+    which shows what it picks; choices that cannot work are shown as not available, with the
+    reason. The plan is printed once."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TERM": "xterm"}
     # prompt_toolkit asks the terminal where the cursor is (CPR) to know the rows below it;
     # pexpect's terminal never answers, and each prompt waited a second for the answer.
