@@ -21,8 +21,8 @@ from conftest import REPO_ROOT, VISION_PYTHON, extensions_env
 BENCH = REPO_ROOT / "bench"
 
 
-def smoke(script: Path, python: str = sys.executable) -> str:
-    """`python SCRIPT --smoke` from the repository's root; its standard output. Fails the
+def smoke(script: Path, python: str = sys.executable, *args: str) -> str:
+    """`python SCRIPT --smoke ARGS` from the repository's root; its standard output. Fails the
     test, with the end of its standard error, where the script fails.
 
     No bytecode is written: several scripts import the committed samples in place, and a
@@ -31,7 +31,11 @@ def smoke(script: Path, python: str = sys.executable) -> str:
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env |= extensions_env(python)
     result = subprocess.run(
-        [python, str(script), "--smoke"], cwd=REPO_ROOT, env=env, capture_output=True, text=True
+        [python, str(script), "--smoke", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0, f"{script.name} --smoke failed:\n{result.stderr[-4000:]}"
     return result.stdout
@@ -115,11 +119,25 @@ def test_hub_io_prints_imports_and_the_export():
     ], out
 
 
-def test_images_prints_prepare_memory_and_headroom():
+def vision_python() -> str:
+    """.venv-vision's Python (timm, torchvision), where the image benchmarks run."""
     vision = os.environ.get("SCAFFOLD_VISION_PYTHON", str(VISION_PYTHON))
     if not Path(vision).is_file():
         pytest.fail(f"{vision} not found: run scripts/test.sh once, which sets it up")
-    out = smoke(BENCH / "images.py", vision)
+    return vision
+
+
+def test_backbones_write_both_tables_and_memory_prints_a_backbone_row():
+    """bench/backbones.py snapshots timm models and measures their activations; memory.py
+    --images sets scaffold's estimate of a backbone against its measured peak."""
+    tables = smoke(BENCH / "backbones.py", vision_python())
+    assert "2 models, 0 skipped" in tables and '"bf16"' in tables, tables
+    rows = table_rows(smoke(BENCH / "memory.py", vision_python(), "--images"), "resnet10t")
+    assert len(rows) == 1 and float(rows[0][-3]) > 0 and float(rows[0][-2]) > 0, rows
+
+
+def test_images_prints_prepare_memory_and_headroom():
+    out = smoke(BENCH / "images.py", vision_python())
     for start in ("prepare: ", "peak resident memory, ", "headroom: loader "):
         assert any(line.startswith(start) for line in out.splitlines()), (start, out)
 
