@@ -7,14 +7,15 @@ script still runs, the shipped tables untouched.
 - scaffold/data/timm_models.json (`--models`): every name in `timm.list_models()`, built on the
   meta device with num_classes=0 as the rendered `backbone.py` builds it (`TimmClassifier`):
   `{"timm": version, "skipped": {name: error}, "models": {name: [params, tensors, stride,
-  num_features, [unit params...], classifier, state elements]}}`. `params`: the backbone's
-  parameters (no classifier); `tensors` and `state elements`: its state dict's tensors and
-  their elements (parameters and persistent buffers), what a weights file of it holds less
-  the classifier; `stride`: the last `feature_info` reduction (1 where it has none);
+  num_features, [unit params...], classifier, state elements, fixed side]}}`. `params`: the
+  backbone's parameters (no classifier); `tensors` and `state elements`: its state dict's
+  tensors and their elements (parameters and persistent buffers), what a weights file of it
+  holds less the classifier; `stride`: the last `feature_info` reduction (1 where it has none);
   `classifier`: timm's `pretrained_cfg["classifier"]` (a key prefix, or a list of them, or "");
-  the unit params: each shard unit's parameters, the units `TimmClassifier.shard_units()` picks
-  (`blocks`, `stages` or `layers` when a Sequential/ModuleList, else the `layer*` children, else
-  the whole backbone).
+  `fixed side`: the only crop side the model takes (`pretrained_cfg["fixed_input_size"]`, a
+  ViT's), 0 for any; the unit params: each shard unit's parameters, the units
+  `TimmClassifier.shard_units()` picks (`blocks`, `stages` or `layers` when a
+  Sequential/ModuleList, else the `layer*` children, else the whole backbone).
 - scaffold/data/backbone_activations.json (`--activations`): for MEASURED backbones, the bytes
   per 224-pixel image that autograd saves for backward (module `measure_row`), in fp32 and
   under CPU autocast bf16.

@@ -64,7 +64,9 @@ class BackboneInfo:
     reduction, 1 where it has none); `num_features`: the pooled features the head reads;
     `units`: the parameters of each shard unit (`TimmClassifier.shard_units()`);
     `classifier`: the key prefixes of the classifier a pretrained file adds (timm's
-    `pretrained_cfg["classifier"]`); `elements`: the state dict's elements, buffers included.
+    `pretrained_cfg["classifier"]`); `elements`: the state dict's elements, buffers included;
+    `fixed_size`: the only crop side it takes (timm's `pretrained_cfg["fixed_input_size"]`:
+    a ViT's position embeddings are made for its `input_size`), 0 where any size works.
     """
 
     name: str
@@ -76,6 +78,7 @@ class BackboneInfo:
     units: tuple[int, ...]
     classifier: tuple[str, ...] = ()
     elements: int = 0
+    fixed_size: int = 0
 
 
 def timm_shard_units(backbone):
@@ -109,7 +112,8 @@ def timm_row(name: str) -> list:
         model = timm.create_model(name, pretrained=False, num_classes=0)
     info = getattr(model, "feature_info", None)
     state = model.state_dict()
-    classifier = getattr(model, "pretrained_cfg", {}).get("classifier") or ""
+    config = getattr(model, "pretrained_cfg", {})
+    classifier = config.get("classifier") or ""
     return [
         sum(parameter.numel() for parameter in model.parameters()),
         len(state),
@@ -118,7 +122,14 @@ def timm_row(name: str) -> list:
         [sum(p.numel() for p in unit.parameters()) for unit in timm_shard_units(model)],
         classifier if isinstance(classifier, str) else list(classifier),
         sum(tensor.numel() for tensor in state.values()),
+        fixed_input_side(config),
     ]
+
+
+def fixed_input_side(config: dict) -> int:
+    """The only crop side a timm model takes, from its `pretrained_cfg` (`fixed_input_size`
+    and the last of `input_size`), 0 where it takes any."""
+    return int(config["input_size"][-1]) if config.get("fixed_input_size") else 0
 
 
 @functools.cache
@@ -152,7 +163,7 @@ def backbone_info(name: str) -> BackboneInfo:
         raise AnswerError(
             f"backbone={name!r} is not a timm {timm_models()['timm']} model; {hint}{LIST_HINT}"
         )
-    params, tensors, stride, features, units, classifier, elements = row
+    params, tensors, stride, features, units, classifier, elements, fixed_size = row
     prefixes = (classifier,) if isinstance(classifier, str) else tuple(classifier)
     return BackboneInfo(
         name=name,
@@ -164,6 +175,7 @@ def backbone_info(name: str) -> BackboneInfo:
         units=tuple(units),
         classifier=tuple(prefix for prefix in prefixes if prefix),
         elements=elements,
+        fixed_size=fixed_size,
     )
 
 
@@ -175,11 +187,17 @@ def check_backbone_image_size(name: str, image_size: int) -> None:
     Raises:
         AnswerError: `image_size` is below the output stride (or `name` is unknown).
     """
-    stride = backbone_info(name).stride
-    if image_size < stride:
+    info = backbone_info(name)
+    if info.fixed_size and image_size != info.fixed_size:
         raise AnswerError(
-            f"image_size={image_size} is below {name}'s output stride of {stride} pixels: its "
-            f"last stage would see less than one pixel; raise image_size to at least {stride}"
+            f"image_size={image_size}: {name} takes only {info.fixed_size}-pixel crops (its "
+            f"position embeddings are made for that size); answer image_size={info.fixed_size}"
+        )
+    if image_size < info.stride:
+        raise AnswerError(
+            f"image_size={image_size} is below {name}'s output stride of {info.stride} pixels: "
+            f"its last stage would see less than one pixel; raise image_size to at least "
+            f"{info.stride}"
         )
 
 
@@ -270,13 +288,13 @@ def weights_backbone(init_from: str, backbone: str) -> tuple[str, int]:
     if backbone and architecture and backbone != architecture:
         raise AnswerError(
             f"backbone={backbone!r} but init_from={init_from} holds {architecture!r} (its "
-            f'config.json); set backbone = "{architecture}" or leave it empty'
+            f"config.json); answer backbone={architecture}, or leave it out"
         )
     name = backbone or architecture
     if not name:
         raise AnswerError(
-            f'init_from={init_from} does not name its model: set backbone = "<a timm model '
-            'name>" (e.g. resnet50), or use a folder whose config.json names its architecture'
+            f"init_from={init_from} does not name its model: answer backbone=NAME (a timm "
+            "model, e.g. resnet50), or use a folder whose config.json names its architecture"
         )
     info = backbone_info(name)
     shapes = safetensors_header(path) if path.suffix == ".safetensors" else torch_shapes(path)
@@ -289,7 +307,7 @@ def weights_backbone(init_from: str, backbone: str) -> tuple[str, int]:
         raise AnswerError(
             f"init_from={init_from} does not hold {name}'s weights ({len(kept)} tensors of "
             f"{elements:,} elements less the classifier, not {info.tensors} of "
-            f"{info.elements:,}); set backbone to the model it was saved from"
+            f"{info.elements:,}); answer the backbone it was saved from"
         )
     return name, elements - (info.elements - info.params)
 

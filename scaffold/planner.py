@@ -447,7 +447,7 @@ def _image_model(answers: Answers) -> dict[str, Setting]:
             "data_dir": Setting("", "the bundled digits; prepare your images and name them here"),
             "model_family": Setting("cnn", cnn),
             "image_size": Setting(
-                answers.image_size, "as answered (prepared images; the digits are 8x8)"
+                answers.image_size, "the crop side of prepared images (the digits are 8x8)"
             ),
         }
     chosen = backbone_recipe(bool(answers.init_from), answers.world_size)
@@ -465,7 +465,9 @@ def _image_model(answers: Answers) -> dict[str, Setting]:
         "model_family": Setting("timm", f"as answered: backbone {answers.backbone}"),
         "backbone": Setting(answers.backbone, "as answered (backbone.py builds it with timm)"),
         "init_from": Setting(answers.init_from, weights),
-        "image_size": Setting(answers.image_size, "as answered: the memory estimate's crop"),
+        "image_size": Setting(
+            answers.image_size, "the crop side the memory is estimated at (answer image_size)"
+        ),
         "backbone_lr_ratio": Setting(chosen.backbone_lr_ratio, chosen.reasons["backbone_lr_ratio"]),
         "freeze_backbone_epochs": Setting(
             chosen.freeze_backbone_epochs, chosen.reasons["freeze_backbone_epochs"]

@@ -101,7 +101,7 @@ def test_timm_folder_names_its_architecture(tmp_path: Path) -> None:
     write_safetensors(tmp_path / "model.safetensors", shapes_of(TINY, {}))
     (tmp_path / "config.json").write_text(json.dumps({"architecture": TINY}))
     assert weights_backbone(str(tmp_path), "") == (TINY, 207_128)
-    with pytest.raises(AnswerError, match="set backbone"):
+    with pytest.raises(AnswerError, match=f"answer backbone={TINY}"):
         weights_backbone(str(tmp_path), "resnet18")
 
 
@@ -169,5 +169,8 @@ def test_stride_check() -> None:
     check_backbone_image_size("resnet18", 32)
     with pytest.raises(AnswerError, match="raise image_size to at least 32"):
         check_backbone_image_size("resnet18", 16)
-    with pytest.raises(AnswerError, match="at least 16"):
-        backbone_shape("vit_small_patch16_224", 8)
+    with pytest.raises(AnswerError, match="answer image_size=224"):  # ViTs: one size only
+        backbone_shape("vit_small_patch16_224", 160)
+    check_backbone_image_size("vit_small_patch16_224", 224)
+    with pytest.raises(AnswerError, match="takes only 448-pixel crops"):
+        check_backbone_image_size("eva02_large_patch14_448", 224)

@@ -274,6 +274,9 @@ def test_a_timm_backbone_loads_strictly_starts_at_ln_classes_and_overfits_one_ba
     assert model.head[1].out_features == len(CLASSES)
     with pytest.raises(ValueError, match="output stride of 32"):  # its last stage: < 1 pixel
         build_on_meta(dataclasses.replace(config, image_size=16))
+    vit = {"backbone": "vit_tiny_patch16_224", "init_from": "", "image_size": 64}
+    with pytest.raises(ValueError, match="takes only 224-pixel crops"):  # position embeddings
+        build_on_meta(dataclasses.replace(config, **vit))
     assert torch.equal(model.state_dict()["backbone.conv1.0.weight"], saved["conv1.0.weight"])
     plain = dataclasses.replace(config, augment=False)
     images, labels = build_datasets(plain)[0][[0, 1, 2, 3]]

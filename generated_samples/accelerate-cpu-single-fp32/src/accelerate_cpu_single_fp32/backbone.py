@@ -62,9 +62,19 @@ def check_image_size(name: str, image_size: int) -> None:
     and CPU convolution kernels in reduced precision gave weight gradients of ~1e27 in ~5% of
     steps on such 1 x 1 maps here (torch 2.13 and 2.14; pytorch/pytorch#169688 is a kin of it).
 
+    A backbone timm builds for one input size only (`pretrained_cfg["fixed_input_size"]`: a
+    ViT's position embeddings are made for its `input_size`) takes crops of that size alone.
+
     Raises:
-        ValueError: `image_size` is below the output stride.
+        ValueError: `image_size` is below the output stride, or not a fixed-size backbone's.
     """
+    config = meta_backbone(name).pretrained_cfg
+    fixed = config["input_size"][-1] if config.get("fixed_input_size") else 0
+    if fixed and image_size != fixed:
+        raise ValueError(
+            f"image_size={image_size}: {name} takes only {fixed}-pixel crops (its position "
+            f"embeddings are made for that size); set image_size = {fixed}"
+        )
     info = getattr(meta_backbone(name), "feature_info", None)
     stride = info[-1]["reduction"] if info else 1
     if image_size < stride:
