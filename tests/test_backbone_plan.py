@@ -77,6 +77,9 @@ def test_next_names_the_commands_and_the_backbone_file(rendered):
         assert command in next_steps
     readme = (project / "README.md").read_text()
     assert "`backbone.py`, `data.py`" in readme, "the README's table: backbone.py is yours"
+    assert f"The plan trains timm's `{BACKBONE}`" in readme
+    quick_start = readme.split("## Quick start")[1].split("```")[1]
+    assert quick_start.index("img.prepare PHOTOS/") < quick_start.index("img.train")
 
 
 def test_the_project_loads_the_file_scaffold_accepted(rendered, weights):
