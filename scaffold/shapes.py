@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
+
+if TYPE_CHECKING:  # backbones.py imports this module's Activations
+    from scaffold.backbones import BackboneShape
 
 BYTE_VOCAB = 257  # the byte tokenizer's vocabulary: 256 bytes and end-of-text
 IMAGE_PIXELS = 8 * 8  # the digits: one channel of 8x8 pixels (data.py's IMAGE_SHAPE)
@@ -275,7 +279,8 @@ class CNNShape:
         return Activations(per_unit, unit_input, outside, transient)
 
 
-ModelShape = DecoderShape | CNNShape
+# The shapes `scaffold.memory.estimate` takes: the examples' and a timm backbone's.
+ModelShape = Union[DecoderShape, CNNShape, "BackboneShape"]
 
 
 def published_decoder(params: int) -> PublishedDecoder | None:
