@@ -22,7 +22,8 @@ from accelerate_cpu_single_fp32.engine import (
     materialize,
 )
 from accelerate_cpu_single_fp32.model import build_model
-from accelerate_cpu_single_fp32.task import expected_initial_loss, loss_fn
+from accelerate_cpu_single_fp32.report.summary import expected_initial_loss
+from accelerate_cpu_single_fp32.task import loss_fn
 from accelerate_cpu_single_fp32.training import seed_all
 
 

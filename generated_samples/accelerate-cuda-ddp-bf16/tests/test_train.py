@@ -21,8 +21,9 @@ from accelerate_cuda_ddp_bf16.checkpoint import (
 )
 from accelerate_cuda_ddp_bf16.config import load_config
 from accelerate_cuda_ddp_bf16.model import build_model
+from accelerate_cuda_ddp_bf16.report.summary import expected_initial_loss
 from accelerate_cuda_ddp_bf16.runtime import init_runtime
-from accelerate_cuda_ddp_bf16.task import METRICS, expected_initial_loss
+from accelerate_cuda_ddp_bf16.task import METRICS
 from accelerate_cuda_ddp_bf16.train import Trainer
 
 from conftest import (

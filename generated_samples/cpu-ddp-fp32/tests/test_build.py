@@ -22,7 +22,8 @@ from cpu_ddp_fp32.engine import (
     materialize,
 )
 from cpu_ddp_fp32.model import build_model
-from cpu_ddp_fp32.task import expected_initial_loss, loss_fn
+from cpu_ddp_fp32.report.summary import expected_initial_loss
+from cpu_ddp_fp32.task import loss_fn
 from cpu_ddp_fp32.training import seed_all
 
 

@@ -15,8 +15,9 @@ from cpu_ddp_fp32.config import load_config, parse_param_count
 from cpu_ddp_fp32.data import build_datasets
 from cpu_ddp_fp32.engine import Engine
 from cpu_ddp_fp32.model import build_model
+from cpu_ddp_fp32.report.summary import expected_initial_loss
 from cpu_ddp_fp32.runtime import init_runtime
-from cpu_ddp_fp32.task import SUMS, eval_sums, expected_initial_loss, loss_fn
+from cpu_ddp_fp32.task import SUMS, eval_sums, loss_fn
 from cpu_ddp_fp32.train import train_step
 from cpu_ddp_fp32.training import build_optimizer, build_scheduler, seed_all
 

@@ -21,8 +21,9 @@ from cpu_ddp_fp32.checkpoint import (
 )
 from cpu_ddp_fp32.config import load_config
 from cpu_ddp_fp32.model import build_model
+from cpu_ddp_fp32.report.summary import expected_initial_loss
 from cpu_ddp_fp32.runtime import init_runtime
-from cpu_ddp_fp32.task import METRICS, expected_initial_loss
+from cpu_ddp_fp32.task import METRICS
 from cpu_ddp_fp32.train import Trainer
 
 from conftest import (

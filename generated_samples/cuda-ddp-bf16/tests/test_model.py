@@ -15,8 +15,9 @@ from cuda_ddp_bf16.config import load_config, parse_param_count
 from cuda_ddp_bf16.data import build_datasets
 from cuda_ddp_bf16.engine import Engine
 from cuda_ddp_bf16.model import build_model
+from cuda_ddp_bf16.report.summary import expected_initial_loss
 from cuda_ddp_bf16.runtime import init_runtime
-from cuda_ddp_bf16.task import SUMS, eval_sums, expected_initial_loss, loss_fn
+from cuda_ddp_bf16.task import SUMS, eval_sums, loss_fn
 from cuda_ddp_bf16.train import train_step
 from cuda_ddp_bf16.training import build_optimizer, build_scheduler, seed_all
 

@@ -22,7 +22,8 @@ from cuda_ddp_fp16.engine import (
     materialize,
 )
 from cuda_ddp_fp16.model import build_model
-from cuda_ddp_fp16.task import expected_initial_loss, loss_fn
+from cuda_ddp_fp16.report.summary import expected_initial_loss
+from cuda_ddp_fp16.task import loss_fn
 from cuda_ddp_fp16.training import seed_all
 
 

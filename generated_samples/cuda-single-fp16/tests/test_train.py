@@ -21,8 +21,9 @@ from cuda_single_fp16.checkpoint import (
 )
 from cuda_single_fp16.config import load_config
 from cuda_single_fp16.model import build_model
+from cuda_single_fp16.report.summary import expected_initial_loss
 from cuda_single_fp16.runtime import init_runtime
-from cuda_single_fp16.task import METRICS, expected_initial_loss
+from cuda_single_fp16.task import METRICS
 from cuda_single_fp16.train import Trainer
 
 from conftest import (

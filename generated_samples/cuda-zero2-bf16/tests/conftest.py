@@ -36,8 +36,11 @@ TEST_SETTINGS |= {"grad_accum_steps": 1, "warmup_steps": 40, "activation_checkpo
 # The ladder runs on the digits' CNN whatever model configs/train.toml names (a timm backbone
 # trains on prepared images: tests/test_images.py prepares some and trains one, from the
 # template's own fine-tuning settings rather than those planned for this project's backbone).
-TEST_SETTINGS |= {"model_family": "cnn", "backbone": "", "init_from": "", "data_dir": ""}
-TEST_SETTINGS |= {"backbone_lr_ratio": 0.1, "freeze_backbone_epochs": 0}
+# A task of your own (its task_config.py) without these keys keeps its own.
+EXAMPLE_MODEL = {"model_family": "cnn", "backbone": "", "init_from": "", "data_dir": ""}
+EXAMPLE_MODEL |= {"backbone_lr_ratio": 0.1, "freeze_backbone_epochs": 0}
+CONFIG_KEYS = {field.name for field in dataclasses.fields(Config)}
+TEST_SETTINGS |= {key: value for key, value in EXAMPLE_MODEL.items() if key in CONFIG_KEYS}
 # Ranks draw their own random shifts and dropout: off where runs of 1 and 2 processes compare.
 RANDOMNESS_OFF = ["augment=false", "dropout=0.0"]
 # The task's own evaluation between validations: the image task has none.

@@ -21,8 +21,9 @@ from cuda_zero2_bf16.checkpoint import (
 )
 from cuda_zero2_bf16.config import load_config
 from cuda_zero2_bf16.model import build_model
+from cuda_zero2_bf16.report.summary import expected_initial_loss
 from cuda_zero2_bf16.runtime import init_runtime
-from cuda_zero2_bf16.task import METRICS, expected_initial_loss
+from cuda_zero2_bf16.task import METRICS
 from cuda_zero2_bf16.train import Trainer
 
 from conftest import (

@@ -22,7 +22,8 @@ from cuda_zero3_offload_fp32.engine import (
     materialize,
 )
 from cuda_zero3_offload_fp32.model import build_model
-from cuda_zero3_offload_fp32.task import expected_initial_loss, loss_fn
+from cuda_zero3_offload_fp32.report.summary import expected_initial_loss
+from cuda_zero3_offload_fp32.task import loss_fn
 from cuda_zero3_offload_fp32.training import seed_all
 
 

@@ -21,8 +21,9 @@ from cuda_zero3_offload_fp32.checkpoint import (
 )
 from cuda_zero3_offload_fp32.config import load_config
 from cuda_zero3_offload_fp32.model import build_model
+from cuda_zero3_offload_fp32.report.summary import expected_initial_loss
 from cuda_zero3_offload_fp32.runtime import init_runtime
-from cuda_zero3_offload_fp32.task import METRICS, expected_initial_loss
+from cuda_zero3_offload_fp32.task import METRICS
 from cuda_zero3_offload_fp32.train import Trainer
 
 from conftest import (

@@ -22,7 +22,8 @@ from fabric_cpu_single_bf16.engine import (
     materialize,
 )
 from fabric_cpu_single_bf16.model import build_model
-from fabric_cpu_single_bf16.task import expected_initial_loss, loss_fn
+from fabric_cpu_single_bf16.report.summary import expected_initial_loss
+from fabric_cpu_single_bf16.task import loss_fn
 from fabric_cpu_single_bf16.training import seed_all
 
 

@@ -15,8 +15,9 @@ from fabric_cpu_single_bf16.config import load_config, parse_param_count
 from fabric_cpu_single_bf16.data import build_datasets
 from fabric_cpu_single_bf16.engine import Engine
 from fabric_cpu_single_bf16.model import build_model
+from fabric_cpu_single_bf16.report.summary import expected_initial_loss
 from fabric_cpu_single_bf16.runtime import init_runtime
-from fabric_cpu_single_bf16.task import SUMS, eval_sums, expected_initial_loss, loss_fn
+from fabric_cpu_single_bf16.task import SUMS, eval_sums, loss_fn
 from fabric_cpu_single_bf16.train import train_step
 from fabric_cpu_single_bf16.training import build_optimizer, build_scheduler, seed_all
 

@@ -21,8 +21,9 @@ from fabric_cpu_single_bf16.checkpoint import (
 )
 from fabric_cpu_single_bf16.config import load_config
 from fabric_cpu_single_bf16.model import build_model
+from fabric_cpu_single_bf16.report.summary import expected_initial_loss
 from fabric_cpu_single_bf16.runtime import init_runtime
-from fabric_cpu_single_bf16.task import METRICS, expected_initial_loss
+from fabric_cpu_single_bf16.task import METRICS
 from fabric_cpu_single_bf16.train import Trainer
 
 from conftest import (

@@ -16,8 +16,9 @@ from fabric_lm_fsdp2_fp32.data import build_datasets
 from fabric_lm_fsdp2_fp32.engine import Engine
 from fabric_lm_fsdp2_fp32.inference.decode import generate
 from fabric_lm_fsdp2_fp32.model import build_model
+from fabric_lm_fsdp2_fp32.report.summary import expected_initial_loss
 from fabric_lm_fsdp2_fp32.runtime import init_runtime
-from fabric_lm_fsdp2_fp32.task import SUMS, eval_sums, expected_initial_loss, loss_fn
+from fabric_lm_fsdp2_fp32.task import SUMS, eval_sums, loss_fn
 from fabric_lm_fsdp2_fp32.train import train_step
 from fabric_lm_fsdp2_fp32.training import build_optimizer, build_scheduler, seed_all
 

@@ -16,8 +16,9 @@ from lm_cpu_single_fp32.data import build_datasets
 from lm_cpu_single_fp32.engine import Engine
 from lm_cpu_single_fp32.inference.decode import generate
 from lm_cpu_single_fp32.model import build_model
+from lm_cpu_single_fp32.report.summary import expected_initial_loss
 from lm_cpu_single_fp32.runtime import init_runtime
-from lm_cpu_single_fp32.task import SUMS, eval_sums, expected_initial_loss, loss_fn
+from lm_cpu_single_fp32.task import SUMS, eval_sums, loss_fn
 from lm_cpu_single_fp32.train import train_step
 from lm_cpu_single_fp32.training import build_optimizer, build_scheduler, seed_all
 

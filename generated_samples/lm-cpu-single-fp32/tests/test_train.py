@@ -21,8 +21,9 @@ from lm_cpu_single_fp32.checkpoint import (
 )
 from lm_cpu_single_fp32.config import load_config
 from lm_cpu_single_fp32.model import build_model
+from lm_cpu_single_fp32.report.summary import expected_initial_loss
 from lm_cpu_single_fp32.runtime import init_runtime
-from lm_cpu_single_fp32.task import METRICS, expected_initial_loss
+from lm_cpu_single_fp32.task import METRICS
 from lm_cpu_single_fp32.train import Trainer
 
 from conftest import (

@@ -16,8 +16,9 @@ from lm_fsdp2_bf16.data import build_datasets
 from lm_fsdp2_bf16.engine import Engine
 from lm_fsdp2_bf16.inference.decode import generate
 from lm_fsdp2_bf16.model import build_model
+from lm_fsdp2_bf16.report.summary import expected_initial_loss
 from lm_fsdp2_bf16.runtime import init_runtime
-from lm_fsdp2_bf16.task import SUMS, eval_sums, expected_initial_loss, loss_fn
+from lm_fsdp2_bf16.task import SUMS, eval_sums, loss_fn
 from lm_fsdp2_bf16.train import train_step
 from lm_fsdp2_bf16.training import build_optimizer, build_scheduler, seed_all
 

@@ -21,8 +21,9 @@ from lm_fsdp2_bf16.checkpoint import (
 )
 from lm_fsdp2_bf16.config import load_config
 from lm_fsdp2_bf16.model import build_model
+from lm_fsdp2_bf16.report.summary import expected_initial_loss
 from lm_fsdp2_bf16.runtime import init_runtime
-from lm_fsdp2_bf16.task import METRICS, expected_initial_loss
+from lm_fsdp2_bf16.task import METRICS
 from lm_fsdp2_bf16.train import Trainer
 
 from conftest import (

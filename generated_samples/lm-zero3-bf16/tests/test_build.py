@@ -22,7 +22,8 @@ from lm_zero3_bf16.engine import (
     materialize,
 )
 from lm_zero3_bf16.model import build_model
-from lm_zero3_bf16.task import expected_initial_loss, loss_fn
+from lm_zero3_bf16.report.summary import expected_initial_loss
+from lm_zero3_bf16.task import loss_fn
 from lm_zero3_bf16.training import seed_all
 
 

@@ -21,8 +21,9 @@ from mps_single_fp32.checkpoint import (
 )
 from mps_single_fp32.config import load_config
 from mps_single_fp32.model import build_model
+from mps_single_fp32.report.summary import expected_initial_loss
 from mps_single_fp32.runtime import init_runtime
-from mps_single_fp32.task import METRICS, expected_initial_loss
+from mps_single_fp32.task import METRICS
 from mps_single_fp32.train import Trainer
 
 from conftest import (

@@ -21,8 +21,9 @@ from multinode_ddp_bf16.checkpoint import (
 )
 from multinode_ddp_bf16.config import load_config
 from multinode_ddp_bf16.model import build_model
+from multinode_ddp_bf16.report.summary import expected_initial_loss
 from multinode_ddp_bf16.runtime import init_runtime
-from multinode_ddp_bf16.task import METRICS, expected_initial_loss
+from multinode_ddp_bf16.task import METRICS
 from multinode_ddp_bf16.train import Trainer
 
 from conftest import (
