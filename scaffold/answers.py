@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scaffold.backbones import backbone_info, check_backbone_image_size, weights_backbone
 from scaffold.errors import AnswerError
 from scaffold.hub_folder import read_hub_folder
 from scaffold.renderable import RENDERS
@@ -37,6 +38,7 @@ class Question:
     only_for_cuda: bool = False
     only_for_language_model: bool = False
     derived_from_init_from: bool = False  # a model folder's config.json answers it
+    derived_from_backbone: bool = False  # an image model's timm backbone answers it
     only_with_init_from: bool = False  # asked only of a model started from a folder
     maximum: float | None = None  # the largest number accepted
     positive: bool = False  # 0 cannot be the answer where the question is asked
@@ -79,8 +81,7 @@ class Question:
         if self.when is not None and not self.when(known):
             return False
         derived = self.derived_from_init_from and known.get("init_from")
-        backbone = self.key == "model_size" and images and known.get("backbone")
-        return not (derived or backbone)  # a timm backbone's size is its own
+        return not (derived or (self.derived_from_backbone and images and known.get("backbone")))
 
     def choices_for(self, known: Mapping[str, Any]) -> tuple[str, ...]:
         """The choices offered after the answers `known`: a task's own model families."""
@@ -202,6 +203,7 @@ QUESTIONS: tuple[Question, ...] = (
         "100K",
         takes="a parameter count: a number with an optional K, M, B or T, e.g. 100K, 2.5M, 7B, 1e6",
         derived_from_init_from=True,
+        derived_from_backbone=True,  # a timm backbone's size is its own
     ),
     Question(
         "model_family",
@@ -592,8 +594,6 @@ def image_model_answers(typed: dict[str, Any]) -> dict[str, Any]:
             model_family=timm without a backbone, an unknown backbone, weights that do not hold
             it, or an image size below its output stride (`scaffold.backbones`).
     """
-    from scaffold.backbones import backbone_info, check_backbone_image_size, weights_backbone
-
     family, backbone, init_from = typed["model_family"], typed["backbone"], typed["init_from"]
     check_image_family(family, backbone, init_from)
     if not (backbone or init_from):

@@ -240,6 +240,8 @@ def project_commands(
     them, those to run before training and those after: prepare your own data (before, for a
     timm backbone: it trains on your images, not the digits), then use what trained (predict;
     or generate, chat, evaluate and export), and the file that is yours for a timm backbone."""
+    from scaffold.planner import BACKBONE_DATA_DIR
+
     module = f"python -m {answers.package_name}"
     if answers.task == "language-model":
         return [], [
@@ -250,8 +252,8 @@ def project_commands(
             (f"{module}.export exported/", "a Hugging Face folder (transformers, vLLM)"),
         ]
     prepare = (
-        f"{module}.prepare PHOTOS/ --out data/photos",
-        "your class folders (or a CSV) as shards; train with data_dir=data/photos",
+        f"{module}.prepare PHOTOS/ --out {BACKBONE_DATA_DIR}",
+        f"your class folders (or a CSV) as shards; train with data_dir={BACKBONE_DATA_DIR}",
     )
     predict = (f"{module}.predict IMAGE.jpg --run-dir RUN", "classifies with a trained run")
     if answers.model_family != "timm":
